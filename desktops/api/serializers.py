@@ -1,0 +1,127 @@
+"""Shapes of the API's JSON (snake_case here, camelCase on the wire); no logic beyond input checks."""
+
+from rest_framework import serializers
+
+from desktops.models import (
+    ApiKey,
+    ApiScope,
+    AuditEvent,
+    Desktop,
+    DesktopEvent,
+    LLMKey,
+    LLMProvider,
+    Membership,
+    Plan,
+    Role,
+    Workspace,
+)
+
+
+class PlanSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Plan
+        fields = ["id", "name", "vcpus", "memory_mib", "disk_gib", "monthly_price"]
+
+
+class DesktopSerializer(serializers.ModelSerializer):
+    workspace_id = serializers.CharField(read_only=True)
+    plan = PlanSerializer(read_only=True)
+
+    class Meta:
+        model = Desktop
+        fields = [
+            "id",
+            "name",
+            "workspace_id",
+            "plan",
+            "state",
+            "private_ip",
+            "image_profile",
+            "driver",
+            "driver_ref",
+            "last_error",
+            "created_at",
+            "updated_at",
+            "state_changed_at",
+        ]
+
+
+class DesktopCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=63)
+    workspace_id = serializers.CharField(required=False, help_text="Defaults to the key's workspace.")
+    plan = serializers.CharField(required=False, help_text="Plan id or name; defaults to the default plan.")
+    image_profile = serializers.ChoiceField(choices=["minimal", "full"], required=False)
+
+
+class DesktopEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DesktopEvent
+        fields = ["id", "from_state", "to_state", "actor", "reason", "created_at"]
+
+
+class WorkspaceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Workspace
+        fields = ["id", "name", "created_at"]
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    email = serializers.EmailField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "email", "role", "created_at"]
+
+
+class MembershipCreateSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MembershipUpdateSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    workspace_id = serializers.CharField(read_only=True)
+    created_by = serializers.EmailField(source="created_by.email", read_only=True)
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "workspace_id", "name", "prefix", "scope", "expires_at", "last_used_at", "created_by", "created_at"]
+
+
+class ApiKeyCreateSerializer(serializers.Serializer):
+    workspace_id = serializers.CharField(required=False)
+    name = serializers.CharField(max_length=100)
+    scope = serializers.ChoiceField(choices=ApiScope.choices, default=ApiScope.WRITE)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="Shown once: store it now.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+
+class LLMKeySerializer(serializers.ModelSerializer):
+    workspace_id = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = LLMKey
+        fields = ["id", "workspace_id", "provider", "name", "base_url", "last4", "created_at", "updated_at"]
+
+
+class LLMKeyWriteSerializer(serializers.Serializer):
+    workspace_id = serializers.CharField(required=False)
+    provider = serializers.ChoiceField(choices=LLMProvider.choices)
+    name = serializers.CharField(max_length=100)
+    base_url = serializers.URLField(required=False, allow_blank=True, default="")
+    secret = serializers.CharField(write_only=True, trim_whitespace=True, style={"input_type": "password"})
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "at", "actor", "workspace_id", "action", "target", "ip", "request_id", "detail"]

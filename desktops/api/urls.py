@@ -1,0 +1,29 @@
+from django.urls import path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from desktops.api import views
+from desktops.api.errors import not_found
+
+
+class Router(SimpleRouter):
+    # The seed documents call /api/desktops without a trailing slash; accept both.
+    def __init__(self):
+        super().__init__()
+        self.trailing_slash = "/?"
+
+
+router = Router()
+router.register("desktops", views.DesktopViewSet, basename="desktop")
+router.register("plans", views.PlanViewSet, basename="plan")
+router.register("workspaces", views.WorkspaceViewSet, basename="workspace")
+router.register("keys", views.ApiKeyViewSet, basename="api-key")
+router.register("llm-keys", views.LLMKeyViewSet, basename="llm-key")
+router.register("audit", views.AuditViewSet, basename="audit")
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    *router.urls,
+    re_path(r"^.*$", not_found),
+]

@@ -1,0 +1,27 @@
+"""Domain errors the services raise; the API and the pages turn them into responses."""
+
+
+class DomainError(Exception):
+    status = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, fields: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+
+class Invalid(DomainError):
+    status, code = 400, "invalid"
+
+
+class Forbidden(DomainError):
+    status, code = 403, "permission_denied"
+
+
+class NotFound(DomainError):
+    status, code = 404, "not_found"
+
+
+class Conflict(DomainError):
+    status, code = 409, "conflict"

@@ -1,0 +1,160 @@
+"""The desktop state machine and the worker side of each lifecycle step.
+
+Every transition is a conditional UPDATE on the current state, so two workers
+(or a worker and an API call) can never both act on one desktop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from desktops.audit import SYSTEM, Actor, audit_record
+from desktops.models import AuditEvent, Desktop, DesktopEvent
+from desktops.models import DesktopState as S
+from workers.drivers import driver_name, get_driver
+from workers.drivers.base import DriverError, InstanceSpec, InstanceState
+from workers.ssh import control_plane_public_key
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transition:
+    sources: frozenset[str]
+    via: str
+    target: str
+
+
+TRANSITIONS: dict[str, Transition] = {
+    "provision": Transition(frozenset(), S.PROVISIONING, S.RUNNING),
+    "start": Transition(frozenset({S.STOPPED, S.ERROR}), S.STARTING, S.RUNNING),
+    "stop": Transition(frozenset({S.RUNNING}), S.STOPPING, S.STOPPED),
+    "suspend": Transition(frozenset({S.RUNNING}), S.SUSPENDING, S.SUSPENDED),
+    "resume": Transition(frozenset({S.SUSPENDED}), S.RESUMING, S.RUNNING),
+    "destroy": Transition(frozenset(S) - {S.DESTROYING, S.DESTROYED}, S.DESTROYING, S.DESTROYED),
+}
+# The desktop states a driver instance should be in; transitional states are not checked.
+STEADY = {S.RUNNING: InstanceState.RUNNING, S.STOPPED: InstanceState.STOPPED, S.SUSPENDED: InstanceState.SUSPENDED}
+
+
+def transition(
+    *, desktop_id: str, sources: set[str] | frozenset[str], target: str, actor: Actor, reason: str = "", **fields
+) -> bool:
+    """Move the desktop to `target` only if it is in one of `sources`; True if this call did it."""
+    with transaction.atomic():
+        current = Desktop.objects.filter(id=desktop_id).values_list("state", "workspace_id").first()
+        if current is None:
+            return False
+        from_state, workspace_id = current
+        changed = Desktop.objects.filter(id=desktop_id, state__in=sources).update(
+            state=target, state_changed_at=timezone.now(), updated_at=timezone.now(), **fields
+        )
+        if changed != 1:
+            return False
+        DesktopEvent.objects.create(
+            desktop_id=desktop_id, from_state=from_state, to_state=target, actor=actor.label, reason=reason
+        )
+        audit_record(
+            actor=actor, action=f"desktop.{target}", workspace_id=workspace_id, target=desktop_id, reason=reason
+        )
+    return True
+
+
+def instance_spec(desktop: Desktop) -> InstanceSpec:
+    return InstanceSpec(
+        key=desktop.id,
+        hostname=desktop.name,
+        vcpus=desktop.plan.vcpus,
+        memory_mib=desktop.plan.memory_mib,
+        disk_gib=desktop.plan.disk_gib,
+        ssh_public_key=control_plane_public_key(),
+        image_profile=desktop.image_profile,
+    )
+
+
+def desktop_run_step(*, desktop_id: str, action: str) -> None:
+    """Carry out one step for a desktop already moved to the step's transitional state.
+
+    Anything else (row gone, step already done, superseded by a destroy) is a no-op,
+    which makes redelivered tasks harmless. Transient driver errors propagate so the
+    task retries; permanent ones put the desktop in `error` with the driver's words.
+    """
+    step = TRANSITIONS[action]
+    desktop = Desktop.objects.select_related("plan").filter(id=desktop_id).first()
+    if desktop is None or desktop.state != step.via:
+        logger.info("skip %s of %s: state is %s", action, desktop_id, desktop and desktop.state)
+        return
+    driver = get_driver()
+    try:
+        if action == "destroy":
+            driver.destroy(desktop.id)
+            transition(
+                desktop_id=desktop.id, sources={step.via}, target=step.target, actor=SYSTEM, private_ip=None
+            )
+            return
+        # A desktop whose first provision failed has no instance yet: starting it provisions it.
+        if action == "provision" or not desktop.driver_ref:
+            status = driver.provision(instance_spec(desktop))
+        else:
+            status = getattr(driver, action)(desktop.id)
+    except DriverError as exc:
+        if exc.transient:
+            raise
+        desktop_step_failed(desktop_id=desktop.id, action=action, message=exc.message)
+        return
+    done = transition(
+        desktop_id=desktop.id,
+        sources={step.via},
+        target=step.target,
+        actor=SYSTEM,
+        private_ip=status.private_ip,
+        driver_ref=status.ref or desktop.id,
+        last_error="",
+    )
+    if not done and action == "provision":
+        # A destroy overtook this provision; make sure what was just built does not outlive it.
+        driver.destroy(desktop.id)
+
+
+def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
+    """Record a failed step; a failed provision first removes whatever it had built."""
+    step = TRANSITIONS[action]
+    never_provisioned = Desktop.objects.filter(id=desktop_id, driver_ref="").exists()
+    if action != "destroy" and never_provisioned:
+        try:
+            get_driver().destroy(desktop_id)
+        except DriverError as exc:
+            message = f"{message} (clean-up pending: {exc.message})"
+    transition(
+        desktop_id=desktop_id, sources={step.via}, target=S.ERROR, actor=SYSTEM, reason=message, last_error=message
+    )
+
+
+def reconcile() -> dict[str, list[str]]:
+    """Compare the engine with the database; report drift and orphans, never delete on a guess."""
+    instances = {i.key: i for i in get_driver().list_instances()}
+    desktops = Desktop.objects.filter(driver=driver_name()).exclude(state=S.DESTROYED)
+    known = dict(desktops.values_list("id", "state"))
+    report: dict[str, list[str]] = {"drift": [], "orphans": [], "vanished": []}
+    for key, state in known.items():
+        instance = instances.get(key)
+        expected = STEADY.get(state)
+        if expected is None:
+            continue
+        if instance is None or instance.state == InstanceState.ABSENT:
+            report["vanished"].append(key)
+            message = "The desktop's machine no longer exists on the compute engine."
+            transition(desktop_id=key, sources={state}, target=S.ERROR, actor=SYSTEM, reason=message, last_error=message)
+        elif instance.state != expected:
+            report["drift"].append(key)
+            logger.warning("drift: %s is %s in the database but %s on the engine", key, state, instance.state)
+    for key in instances.keys() - known.keys():
+        report["orphans"].append(key)
+        logger.warning("orphan instance %s has no live desktop", key)
+        if not AuditEvent.objects.filter(action="reconcile.orphan", target=key).exists():
+            audit_record(actor=SYSTEM, action="reconcile.orphan", target=key)
+    return report

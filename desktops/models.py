@@ -1,0 +1,207 @@
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+from desktops.ids import PublicIdField
+
+hostname_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "Use 1 to 63 lowercase letters, digits or hyphens, not starting or ending with a hyphen.",
+)
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    MEMBER = "member"
+    ADMIN = "admin"
+    OWNER = "owner"
+
+    @property
+    def rank(self) -> int:
+        return list(Role).index(self)
+
+
+class Workspace(models.Model):
+    id = PublicIdField("ws")
+    name = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"{self.name} ({self.id})"
+
+
+class Membership(models.Model):
+    id = PublicIdField("mem")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "user"], name="one_membership_per_user")]
+
+    def __str__(self):
+        return f"{self.user} is {self.role} of {self.workspace_id}"
+
+
+class Plan(models.Model):
+    id = PublicIdField("plan")
+    name = models.SlugField(max_length=40, unique=True)
+    vcpus = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
+    memory_mib = models.PositiveIntegerField(validators=[MinValueValidator(256)])
+    disk_gib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    monthly_price = models.DecimalField(max_digits=8, decimal_places=2, help_text="EUR per month")
+    is_active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["monthly_price"]
+
+    def __str__(self):
+        return self.name
+
+
+class DesktopState(models.TextChoices):
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    STARTING = "starting"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    RESUMING = "resuming"
+    DESTROYING = "destroying"
+    DESTROYED = "destroyed"
+    ERROR = "error"
+
+
+class Desktop(models.Model):
+    id = PublicIdField("dsk")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="desktops")
+    name = models.CharField(max_length=63, validators=[hostname_validator])
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="desktops")
+    image_profile = models.CharField(max_length=40)
+    driver = models.CharField(max_length=40, help_text="Compute engine running this desktop")
+    driver_ref = models.CharField(max_length=100, blank=True, help_text="The engine's name for it")
+    state = models.CharField(max_length=20, choices=DesktopState.choices, default=DesktopState.PROVISIONING)
+    private_ip = models.GenericIPAddressField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"],
+                condition=~Q(state=DesktopState.DESTROYED),
+                name="desktop_name_unique_in_workspace",
+                violation_error_message="A desktop with this name already exists in the workspace.",
+            )
+        ]
+        indexes = [models.Index(fields=["workspace", "state"]), models.Index(fields=["workspace", "-created_at"])]
+
+    def __str__(self):
+        return f"{self.name} ({self.id})"
+
+
+class DesktopEvent(models.Model):
+    """One state change of a desktop, with who or what caused it."""
+
+    id = PublicIdField("evt")
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20)
+    actor = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+
+class ApiScope(models.TextChoices):
+    READ = "read"
+    WRITE = "write"
+
+
+class ApiKey(models.Model):
+    """A platform key: only its prefix and an HMAC of the whole token are stored."""
+
+    id = PublicIdField("key")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    hashed = models.CharField(max_length=64)
+    scope = models.CharField(max_length=5, choices=ApiScope.choices, default=ApiScope.WRITE)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+
+class LLMProvider(models.TextChoices):
+    ANTHROPIC = "anthropic"
+    OPENAI = "openai"
+    OPENROUTER = "openrouter"
+    OPENAI_COMPATIBLE = "openai_compatible", "OpenAI-compatible"
+
+
+class LLMKey(models.Model):
+    """A workspace's own (BYOK) model provider key, encrypted at rest."""
+
+    id = PublicIdField("llm")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="llm_keys")
+    provider = models.CharField(max_length=20, choices=LLMProvider.choices)
+    name = models.CharField(max_length=100)
+    base_url = models.URLField(blank=True)
+    secret_encrypted = models.TextField()
+    last4 = models.CharField(max_length=4)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"],
+                name="llm_key_name_unique_in_workspace",
+                violation_error_message="An LLM key with this name already exists in the workspace.",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.provider} …{self.last4})"
+
+
+class AuditEvent(models.Model):
+    """Append-only trail (a database trigger refuses UPDATE and DELETE).
+
+    No foreign keys, so the trail outlives the users, keys and workspaces it names.
+    """
+
+    id = PublicIdField("aud")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=200)
+    workspace_id = models.CharField(max_length=32, blank=True, db_index=True)
+    action = models.CharField(max_length=60, db_index=True)
+    target = models.CharField(max_length=200, blank=True, db_index=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self):
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

@@ -1,0 +1,168 @@
+"""Reads, always scoped to what the actor may see: an outsider gets "not found", never a hint."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import QuerySet
+
+from desktops.audit import Actor
+from desktops.errors import Forbidden, Invalid, NotFound
+from desktops.models import (
+    ApiKey,
+    ApiScope,
+    AuditEvent,
+    Desktop,
+    DesktopEvent,
+    DesktopState,
+    LLMKey,
+    Membership,
+    Plan,
+    Role,
+    Workspace,
+)
+
+
+def role_in(*, actor: Actor, workspace_id: str) -> Role | None:
+    """The actor's effective role: a key never exceeds its creator, and a read key only reads."""
+    user = actor.user
+    if user is None or not user.is_authenticated:
+        return None
+    if actor.support and user.is_staff:
+        return Role.OWNER
+    if actor.api_key is not None and actor.api_key.workspace_id != workspace_id:
+        return None
+    role = Membership.objects.filter(workspace_id=workspace_id, user=user).values_list("role", flat=True).first()
+    if role is None:
+        return None
+    if actor.api_key is not None and actor.api_key.scope == ApiScope.READ:
+        return Role.VIEWER
+    return Role(role)
+
+
+def workspaces_visible(*, actor: Actor) -> QuerySet[Workspace]:
+    if actor.user is None or not actor.user.is_authenticated:
+        return Workspace.objects.none()
+    workspaces = Workspace.objects.filter(memberships__user=actor.user)
+    if actor.api_key is not None:
+        workspaces = workspaces.filter(id=actor.api_key.workspace_id)
+    return workspaces.order_by("created_at")
+
+
+def workspace_get(*, actor: Actor, workspace_id: str, minimum: Role = Role.VIEWER) -> Workspace:
+    role = role_in(actor=actor, workspace_id=workspace_id)
+    if role is None:
+        raise NotFound(f"Workspace {workspace_id} not found.")
+    if role.rank < minimum.rank:
+        raise Forbidden(f"This needs the {minimum} role in the workspace; you are {role}.")
+    return Workspace.objects.get(id=workspace_id)
+
+
+def workspace_default(*, actor: Actor) -> Workspace:
+    """The workspace meant when none is named: the key's own, or the user's only one."""
+    if actor.api_key is not None:
+        return actor.api_key.workspace
+    workspaces = list(workspaces_visible(actor=actor)[:2])
+    if len(workspaces) != 1:
+        why = "You belong to several workspaces" if workspaces else "You belong to no workspace"
+        raise Invalid(f"{why}: give workspaceId.", fields={"workspaceId": ["This field is required."]})
+    return workspaces[0]
+
+
+def membership_list(*, workspace: Workspace) -> QuerySet[Membership]:
+    return workspace.memberships.select_related("user").order_by("created_at")
+
+
+def plan_list() -> QuerySet[Plan]:
+    return Plan.objects.filter(is_active=True)
+
+
+def plan_get(*, plan: str | None) -> Plan:
+    """A plan by id or name; the default plan when none is given."""
+    wanted = plan or settings.DEFAULT_PLAN
+    found = plan_list().filter(id=wanted).first() or plan_list().filter(name=wanted).first()
+    if found is None:
+        names = ", ".join(plan_list().values_list("name", flat=True))
+        raise Invalid(f"Unknown plan {wanted!r}; choose one of: {names}.", fields={"plan": ["Unknown plan."]})
+    return found
+
+
+def desktop_list(*, actor: Actor, workspace_id: str | None = None, state: str | None = None) -> QuerySet[Desktop]:
+    desktops = Desktop.objects.filter(workspace__in=workspaces_visible(actor=actor)).select_related("plan")
+    if workspace_id:
+        desktops = desktops.filter(workspace_id=workspace_id)
+    if state:
+        desktops = desktops.filter(state=state)
+    else:
+        desktops = desktops.exclude(state=DesktopState.DESTROYED)
+    return desktops
+
+
+def _scoped_get(queryset: QuerySet, object_id: str, *, actor: Actor, minimum: Role, label: str):
+    """An object of some workspace, as "not found" to anyone outside that workspace."""
+    found = queryset.filter(id=object_id).first()
+    if found is None or role_in(actor=actor, workspace_id=found.workspace_id) is None:
+        raise NotFound(f"{label} {object_id} not found.")
+    workspace_get(actor=actor, workspace_id=found.workspace_id, minimum=minimum)
+    return found
+
+
+def desktop_get(*, actor: Actor, desktop_id: str, minimum: Role = Role.VIEWER) -> Desktop:
+    queryset = Desktop.objects.select_related("plan", "workspace")
+    return _scoped_get(queryset, desktop_id, actor=actor, minimum=minimum, label="Desktop")
+
+
+def desktop_events(*, desktop: Desktop) -> QuerySet[DesktopEvent]:
+    return desktop.events.order_by("created_at")
+
+
+def api_key_list(*, actor: Actor, workspace_id: str | None = None) -> QuerySet[ApiKey]:
+    keys = ApiKey.objects.filter(workspace__in=_managed_workspaces(actor), revoked_at__isnull=True)
+    return keys.filter(workspace_id=workspace_id) if workspace_id else keys.select_related("created_by")
+
+
+def api_key_get(*, actor: Actor, key_id: str) -> ApiKey:
+    queryset = ApiKey.objects.filter(revoked_at__isnull=True)
+    return _scoped_get(queryset, key_id, actor=actor, minimum=Role.ADMIN, label="API key")
+
+
+def llm_key_list(*, actor: Actor, workspace_id: str | None = None) -> QuerySet[LLMKey]:
+    keys = LLMKey.objects.filter(workspace__in=_managed_workspaces(actor))
+    return keys.filter(workspace_id=workspace_id) if workspace_id else keys
+
+
+def llm_key_get(*, actor: Actor, key_id: str) -> LLMKey:
+    return _scoped_get(LLMKey.objects.all(), key_id, actor=actor, minimum=Role.ADMIN, label="LLM key")
+
+
+def _managed_workspaces(actor: Actor) -> list[str]:
+    """Workspaces where the actor may manage keys (admins and owners)."""
+    return [
+        workspace.id
+        for workspace in workspaces_visible(actor=actor)
+        if (role := role_in(actor=actor, workspace_id=workspace.id)) and role.rank >= Role.ADMIN.rank
+    ]
+
+
+def audit_list(
+    *,
+    workspace: Workspace,
+    actor: str = "",
+    action: str = "",
+    target: str = "",
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[AuditEvent]:
+    events = AuditEvent.objects.filter(workspace_id=workspace.id)
+    if actor:
+        events = events.filter(actor__icontains=actor)
+    if action:
+        events = events.filter(action__startswith=action)
+    if target:
+        events = events.filter(target=target)
+    if since:
+        events = events.filter(at__gte=since)
+    if until:
+        events = events.filter(at__lt=until)
+    return events

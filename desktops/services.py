@@ -1,0 +1,235 @@
+"""Every write of the domain: the API, the pages and the admin all come through here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from desktops import crypto
+from desktops.audit import Actor, audit_record
+from desktops.errors import Conflict, Invalid, NotFound
+from desktops.lifecycle import TRANSITIONS, transition
+from desktops.models import ApiKey, Desktop, DesktopState, LLMKey, LLMProvider, Membership, Plan, Role, Workspace
+from desktops.selectors import role_in, workspace_get
+from workers.drivers import driver_name
+from workers.tasks import STEP_TASKS
+
+
+def _validated(instance, **kwargs):
+    """Run model validation and turn Django's errors into one clear 400."""
+    try:
+        instance.full_clean(**kwargs)
+    except ValidationError as exc:
+        fields = {name: list(messages) for name, messages in exc.message_dict.items()}
+        first = next(iter(fields.values()))[0]
+        raise Invalid(first, fields=fields) from exc
+    return instance
+
+
+# Workspaces and members
+
+
+def workspace_create(*, user, name: str) -> Workspace:
+    with transaction.atomic():
+        workspace = _validated(Workspace(name=name))
+        workspace.save()
+        Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
+        audit_record(actor=Actor(user=user), action="workspace.create", workspace_id=workspace.id, target=workspace.id)
+    return workspace
+
+
+def workspace_ensure_for_user(*, user) -> Workspace | None:
+    """First log-in: a user without a workspace gets one of their own."""
+    if Membership.objects.filter(user=user).exists():
+        return None
+    label = (user.email or user.get_username()).split("@")[0]
+    return workspace_create(user=user, name=f"{label}'s workspace")
+
+
+def workspace_rename(*, actor: Actor, workspace_id: str, name: str) -> Workspace:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    workspace.name = name
+    _validated(workspace).save(update_fields=["name"])
+    audit_record(actor=actor, action="workspace.rename", workspace_id=workspace.id, target=workspace.id)
+    return workspace
+
+
+def workspace_delete(*, actor: Actor, workspace_id: str) -> None:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.OWNER)
+    live = workspace.desktops.exclude(state=DesktopState.DESTROYED).count()
+    if live:
+        raise Conflict(f"Destroy the workspace's {live} desktop(s) first.")
+    audit_record(actor=actor, action="workspace.delete", workspace_id=workspace.id, target=workspace.id)
+    workspace.delete()
+
+
+def _ensure_an_owner_remains(workspace: Workspace, leaving: Membership) -> None:
+    if leaving.role == Role.OWNER and not workspace.memberships.filter(role=Role.OWNER).exclude(id=leaving.id):
+        raise Conflict("A workspace keeps at least one owner; make someone else owner first.")
+
+
+def _role_grantable(actor: Actor, workspace: Workspace, role: str) -> Role:
+    if role not in Role.values:
+        raise Invalid(f"Unknown role {role!r}.", fields={"role": [f"Choose one of {', '.join(Role.values)}."]})
+    if role == Role.OWNER and role_in(actor=actor, workspace_id=workspace.id) != Role.OWNER:
+        raise Invalid("Only an owner can make someone owner.", fields={"role": ["Not allowed."]})
+    return Role(role)
+
+
+def membership_add(*, actor: Actor, workspace_id: str, email: str, role: str) -> Membership:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    role = _role_grantable(actor, workspace, role)
+    user = get_user_model().objects.filter(email__iexact=email).first()
+    if user is None:
+        raise Invalid(f"No user has the email {email}; they must sign up first.", fields={"email": ["Unknown."]})
+    try:
+        with transaction.atomic():
+            membership = Membership.objects.create(workspace=workspace, user=user, role=role)
+    except IntegrityError as exc:
+        raise Conflict(f"{email} is already a member of this workspace.") from exc
+    audit_record(actor=actor, action="member.add", workspace_id=workspace.id, target=membership.id, role=role)
+    return membership
+
+
+def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, role: str) -> Membership:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    membership = _membership_of(workspace, membership_id)
+    role = _role_grantable(actor, workspace, role)
+    if role != Role.OWNER:
+        _ensure_an_owner_remains(workspace, membership)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    audit_record(actor=actor, action="member.role", workspace_id=workspace.id, target=membership.id, role=role)
+    return membership
+
+
+def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) -> None:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    membership = _membership_of(workspace, membership_id)
+    _ensure_an_owner_remains(workspace, membership)
+    membership.delete()
+    audit_record(actor=actor, action="member.remove", workspace_id=workspace.id, target=membership_id)
+
+
+def _membership_of(workspace: Workspace, membership_id: str) -> Membership:
+    membership = workspace.memberships.filter(id=membership_id).first()
+    if membership is None:
+        raise NotFound(f"Member {membership_id} not found.")
+    return membership
+
+
+# Desktops
+
+
+def desktop_create(*, actor: Actor, workspace: Workspace, plan: Plan, name: str, image_profile: str = "") -> Desktop:
+    workspace_get(actor=actor, workspace_id=workspace.id, minimum=Role.MEMBER)
+    desktop = Desktop(
+        workspace=workspace,
+        plan=plan,
+        name=name,
+        image_profile=image_profile or settings.DEFAULT_IMAGE_PROFILE,
+        driver=driver_name(),
+        created_by=actor.user,
+    )
+    _validated(desktop, validate_constraints=True)
+    try:
+        with transaction.atomic():
+            desktop.save()
+            desktop.events.create(to_state=desktop.state, actor=actor.label, reason="created")
+            audit_record(
+                actor=actor, action="desktop.create", workspace_id=workspace.id, target=desktop.id, plan=plan.name
+            )
+            _enqueue_step(desktop.id, "provision")
+    except IntegrityError as exc:
+        # Lost a race with another create of the same name.
+        raise Conflict("A desktop with this name already exists in the workspace.") from exc
+    return desktop
+
+
+def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
+    """Request start / stop / suspend / resume / destroy; the worker does the rest."""
+    workspace_get(actor=actor, workspace_id=desktop.workspace_id, minimum=Role.MEMBER)
+    step = TRANSITIONS.get(action)
+    if step is None or not step.sources:
+        raise Invalid(f"Unknown action {action!r}.")
+    with transaction.atomic():
+        if not transition(desktop_id=desktop.id, sources=step.sources, target=step.via, actor=actor, reason=action):
+            desktop.refresh_from_db(fields=["state"])
+            allowed = ", ".join(sorted(step.sources)) if len(step.sources) < 4 else "any state but destroying"
+            raise Conflict(f"Cannot {action} a desktop that is {desktop.state} (allowed from: {allowed}).")
+        _enqueue_step(desktop.id, action)
+    desktop.refresh_from_db()
+    return desktop
+
+
+def _enqueue_step(desktop_id: str, action: str) -> None:
+    transaction.on_commit(lambda: STEP_TASKS[action].delay(desktop_id=desktop_id))
+
+
+# Keys
+
+
+def api_key_create(
+    *, actor: Actor, workspace_id: str, name: str, scope: str, expires_at: datetime | None = None
+) -> tuple[ApiKey, str]:
+    """Create a platform key; the token is returned this once and never stored."""
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise Invalid("The expiry must be in the future.", fields={"expiresAt": ["Must be in the future."]})
+    token, prefix = crypto.api_token_new()
+    key = ApiKey(
+        workspace=workspace,
+        name=name,
+        scope=scope,
+        expires_at=expires_at,
+        prefix=prefix,
+        hashed=crypto.api_token_hash(token),
+        created_by=actor.user,
+    )
+    _validated(key).save()
+    audit_record(actor=actor, action="api_key.create", workspace_id=workspace.id, target=key.id, scope=scope)
+    return key, token
+
+
+def api_key_revoke(*, actor: Actor, workspace_id: str, key_id: str) -> None:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    workspace.api_keys.filter(id=key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    audit_record(actor=actor, action="api_key.revoke", workspace_id=workspace.id, target=key_id)
+
+
+def llm_key_save(
+    *,
+    actor: Actor,
+    workspace_id: str,
+    provider: str,
+    name: str,
+    secret: str,
+    base_url: str = "",
+    key: LLMKey | None = None,
+) -> LLMKey:
+    """Add a BYOK key, or rotate `key` to a new secret."""
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    secret = secret.strip()
+    if len(secret) < 8:
+        raise Invalid("The key looks too short to be real.", fields={"secret": ["At least 8 characters."]})
+    if provider == LLMProvider.OPENAI_COMPATIBLE and not base_url:
+        raise Invalid("An OpenAI-compatible key needs its baseUrl.", fields={"baseUrl": ["Required."]})
+    key = key or LLMKey(workspace=workspace, created_by=actor.user)
+    rotating = key.pk is not None and not key._state.adding
+    key.provider, key.name, key.base_url = provider, name, base_url
+    key.secret_encrypted, key.last4 = crypto.secret_encrypt(secret), secret[-4:]
+    _validated(key, validate_constraints=True).save()
+    action = "llm_key.rotate" if rotating else "llm_key.create"
+    audit_record(actor=actor, action=action, workspace_id=workspace.id, target=key.id, provider=provider)
+    return key
+
+
+def llm_key_delete(*, actor: Actor, workspace_id: str, key_id: str) -> None:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    workspace.llm_keys.filter(id=key_id).delete()
+    audit_record(actor=actor, action="llm_key.delete", workspace_id=workspace.id, target=key_id)

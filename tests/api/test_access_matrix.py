@@ -1,0 +1,148 @@
+"""Owner / admin / member / viewer / outsider on every endpoint, each through a real API key."""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from desktops.models import Role
+from tests.conftest import client_for
+from tests.factories import DesktopFactory, MembershipFactory, api_key_for
+
+ROLES = [Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER, "outsider"]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    minimum: Role
+    ok: int
+    request: Callable  # (workspace, members) -> (method, url, body)
+
+
+def _desktop(ws, m, state="running"):
+    return DesktopFactory(workspace=ws, state=state).id
+
+
+def _llm_key(ws, m):
+    client = client_for(m[Role.OWNER])
+    body = {"workspaceId": ws.id, "provider": "openai", "name": "k", "secret": "sk-test-12345678"}
+    return client.post("/api/llm-keys", body, format="json").json()["id"]
+
+
+def _api_key(ws, m):
+    body = {"workspaceId": ws.id, "name": "ci"}
+    return client_for(m[Role.OWNER]).post("/api/keys", body, format="json").json()["id"]
+
+
+CASES = [
+    Case("list desktops", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops?workspace={ws.id}", None)),
+    Case("get desktop", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}", None)),
+    Case(
+        "desktop events", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/events", None)
+    ),
+    Case(
+        "create desktop",
+        Role.MEMBER,
+        201,
+        lambda ws, m: ("post", "/api/desktops", {"name": "new-one", "workspaceId": ws.id}),
+    ),
+    Case("stop desktop", Role.MEMBER, 202, lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/stop", None)),
+    Case(
+        "start desktop",
+        Role.MEMBER,
+        202,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m, 'stopped')}/start", None),
+    ),
+    Case(
+        "suspend desktop", Role.MEMBER, 202, lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/suspend", None)
+    ),
+    Case(
+        "resume desktop",
+        Role.MEMBER,
+        202,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m, 'suspended')}/resume", None),
+    ),
+    Case("destroy desktop", Role.MEMBER, 202, lambda ws, m: ("delete", f"/api/desktops/{_desktop(ws, m)}", None)),
+    Case("get workspace", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}", None)),
+    Case("rename workspace", Role.ADMIN, 200, lambda ws, m: ("patch", f"/api/workspaces/{ws.id}", {"name": "New"})),
+    Case("delete workspace", Role.OWNER, 204, lambda ws, m: ("delete", f"/api/workspaces/{ws.id}", None)),
+    Case("list members", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}/members", None)),
+    Case(
+        "add member",
+        Role.ADMIN,
+        201,
+        lambda ws, m: ("post", f"/api/workspaces/{ws.id}/members", {"email": MembershipFactory().user.email}),
+    ),
+    Case(
+        "change role",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("patch", f"/api/workspaces/{ws.id}/members/{m[Role.VIEWER].id}", {"role": "member"}),
+    ),
+    Case(
+        "remove member",
+        Role.ADMIN,
+        204,
+        lambda ws, m: ("delete", f"/api/workspaces/{ws.id}/members/{MembershipFactory(workspace=ws).id}", None),
+    ),
+    Case("list api keys", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/keys?workspace={ws.id}", None)),
+    Case(
+        "create api key", Role.ADMIN, 201, lambda ws, m: ("post", "/api/keys", {"workspaceId": ws.id, "name": "x"})
+    ),
+    Case("revoke api key", Role.ADMIN, 204, lambda ws, m: ("delete", f"/api/keys/{_api_key(ws, m)}", None)),
+    Case("list llm keys", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/llm-keys?workspace={ws.id}", None)),
+    Case(
+        "add llm key",
+        Role.ADMIN,
+        201,
+        lambda ws, m: (
+            "post",
+            "/api/llm-keys",
+            {"workspaceId": ws.id, "provider": "anthropic", "name": "a", "secret": "sk-ant-1234567890"},
+        ),
+    ),
+    Case(
+        "rotate llm key",
+        Role.ADMIN,
+        200,
+        lambda ws, m: (
+            "put",
+            f"/api/llm-keys/{_llm_key(ws, m)}",
+            {"provider": "openai", "name": "k", "secret": "sk-rotated-87654321"},
+        ),
+    ),
+    Case("delete llm key", Role.ADMIN, 204, lambda ws, m: ("delete", f"/api/llm-keys/{_llm_key(ws, m)}", None)),
+    Case("read audit", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/audit?workspace={ws.id}", None)),
+]
+
+
+def expected(case: Case, role) -> int:
+    if role == "outsider":
+        return 404
+    return case.ok if Role(role).rank >= case.minimum.rank else 403
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_access(case, role, workspace, members, plan):
+    method, url, body = case.request(workspace, members)
+    client = client_for(key=api_key_for(members[role]))
+    response = getattr(client, method)(url, body, format="json")
+    assert response.status_code == expected(case, role), response.content
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert error["code"] and error["message"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_plans_are_readable_by_anyone_signed_in(role, members, plan):
+    response = client_for(key=api_key_for(members[role])).get("/api/plans")
+    assert response.status_code == 200
+    assert "starter" in [p["name"] for p in response.json()["results"]]
+
+
+def test_outsider_sees_no_desktop_of_another_workspace_in_lists(workspace, members):
+    DesktopFactory(workspace=workspace)
+    response = client_for(key=api_key_for(members["outsider"])).get("/api/desktops")
+    assert response.json()["count"] == 0

@@ -1,0 +1,72 @@
+import factory
+from django.contrib.auth import get_user_model
+
+from desktops import crypto
+from desktops.models import ApiKey, Desktop, DesktopState, Membership, Plan, Role, Workspace
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.django.Password("correct horse battery staple")
+
+
+class WorkspaceFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Workspace
+
+    name = factory.Sequence(lambda n: f"Workspace {n}")
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    workspace = factory.SubFactory(WorkspaceFactory)
+    user = factory.SubFactory(UserFactory)
+    role = Role.MEMBER
+
+
+class PlanFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Plan
+        django_get_or_create = ("name",)
+
+    name = "starter"
+    vcpus = 1
+    memory_mib = 2048
+    disk_gib = 10
+    monthly_price = "19.00"
+
+
+class DesktopFactory(factory.django.DjangoModelFactory):
+    """A desktop row already in a given state, without going through a worker."""
+
+    class Meta:
+        model = Desktop
+
+    workspace = factory.SubFactory(WorkspaceFactory)
+    plan = factory.SubFactory(PlanFactory)
+    name = factory.Sequence(lambda n: f"desk-{n}")
+    image_profile = "minimal"
+    driver = "directory"
+    driver_ref = factory.LazyAttribute(lambda d: "ref")
+    state = DesktopState.RUNNING
+
+
+def api_key_for(membership: Membership, scope: str = "write", **fields) -> str:
+    """A real platform key of the member's, whatever their role (the API lets only admins make them)."""
+    token, prefix = crypto.api_token_new()
+    ApiKey.objects.create(
+        workspace_id=membership.workspace_id,
+        created_by=membership.user,
+        name="test",
+        scope=scope,
+        prefix=prefix,
+        hashed=crypto.api_token_hash(token),
+        **fields,
+    )
+    return token

@@ -1,0 +1,109 @@
+"""The one interface every compute engine implements.
+
+Every method is idempotent and keyed by the desktop's public id (``key``), so a
+task that is retried or delivered twice converges instead of failing.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class DriverError(Exception):
+    """A driver step failed. Permanent unless raised as :class:`TransientDriverError`."""
+
+    transient = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class TransientDriverError(DriverError):
+    """A failure worth retrying with backoff (engine busy, lock held, timeout)."""
+
+    transient = True
+
+
+class InstanceState(StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    SUSPENDED = "suspended"
+    ABSENT = "absent"
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """What ``provision`` needs: the plan's caps and how the control plane gets in."""
+
+    key: str
+    hostname: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    ssh_public_key: str
+    image_profile: str = "minimal"
+    # Extra files written into the guest at provision (path -> content), e.g. the
+    # desktop-scoped token of the `bureau` helper.
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    key: str
+    state: InstanceState
+    private_ip: str | None = None
+    # The engine's own name for the instance (container name, VMID).
+    ref: str = ""
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Egress rules for one desktop; desktops never reach each other whatever this says."""
+
+    allow_internet: bool = True
+    allowed_cidrs: tuple[str, ...] = ()
+
+
+class ComputeDriver(abc.ABC):
+    name: str = ""
+
+    @classmethod
+    def from_settings(cls) -> ComputeDriver:
+        """Build the driver from Django settings; engines with options override this."""
+        return cls()
+
+    @abc.abstractmethod
+    def provision(self, spec: InstanceSpec) -> InstanceStatus:
+        """Create the instance from the golden image and start it."""
+
+    @abc.abstractmethod
+    def start(self, key: str) -> InstanceStatus: ...
+
+    @abc.abstractmethod
+    def stop(self, key: str) -> InstanceStatus:
+        """Power off, keeping the disk."""
+
+    @abc.abstractmethod
+    def suspend(self, key: str) -> InstanceStatus:
+        """Pause, keeping memory."""
+
+    @abc.abstractmethod
+    def resume(self, key: str) -> InstanceStatus: ...
+
+    @abc.abstractmethod
+    def destroy(self, key: str) -> None:
+        """Remove the instance and wipe its disk; a missing instance is not an error."""
+
+    @abc.abstractmethod
+    def status(self, key: str) -> InstanceStatus:
+        """Current state; ``ABSENT`` when the engine has no such instance."""
+
+    @abc.abstractmethod
+    def list_instances(self) -> list[InstanceStatus]:
+        """Every instance this control plane owns on the engine, for reconciling."""
+
+    @abc.abstractmethod
+    def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None: ...
