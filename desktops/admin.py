@@ -69,11 +69,30 @@ class PlanAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "workspace", "scope", "created_by", "expires_at", "last_used_at", "revoked_at"]
+    list_display = [
+        "name",
+        "prefix",
+        "workspace",
+        "scope",
+        "created_by",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["scope"]
     search_fields = ["id", "name", "prefix", "workspace__id"]
     readonly_fields = ["id", "workspace", "prefix", "hashed", "created_by", "created_at", "last_used_at"]
-    fields = ["id", "workspace", "name", "prefix", "hashed", "scope", "expires_at", "revoked_at", "created_by"]
+    fields = [
+        "id",
+        "workspace",
+        "name",
+        "prefix",
+        "hashed",
+        "scope",
+        "expires_at",
+        "revoked_at",
+        "created_by",
+    ]
 
 
 @admin.register(LLMKey)

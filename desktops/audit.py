@@ -38,7 +38,9 @@ class Actor:
 SYSTEM = Actor(system="worker")
 
 
-def audit_record(*, actor: Actor, action: str, workspace_id: str = "", target: str = "", **detail) -> AuditEvent:
+def audit_record(
+    *, actor: Actor, action: str, workspace_id: str = "", target: str = "", **detail
+) -> AuditEvent:
     """Write one audit event; callers pass ids and facts, never secrets."""
     context = current_request.get()
     return AuditEvent.objects.create(

@@ -7,7 +7,7 @@ import secrets
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
-TOKEN_PREFIX = "lb_"
+TOKEN_PREFIX = "lb_"  # noqa: S105 (a label, not a secret)
 
 
 def api_token_new() -> tuple[str, str]:
@@ -39,4 +39,6 @@ def secret_decrypt(ciphertext: str) -> str:
     try:
         return _fernet().decrypt(ciphertext.encode()).decode()
     except InvalidToken as exc:
-        raise ValueError("This secret was encrypted with a key no longer in LLM_KEY_ENCRYPTION_KEYS.") from exc
+        raise ValueError(
+            "This secret was encrypted with a key no longer in LLM_KEY_ENCRYPTION_KEYS."
+        ) from exc

@@ -20,7 +20,10 @@ class PublicIdField(models.CharField):
     def __init__(self, prefix: str, **kwargs):
         self.prefix = prefix
         kwargs.update(
-            max_length=len(prefix) + 1 + _LENGTH, primary_key=True, editable=False, default=partial(new_id, prefix)
+            max_length=len(prefix) + 1 + _LENGTH,
+            primary_key=True,
+            editable=False,
+            default=partial(new_id, prefix),
         )
         super().__init__(**kwargs)
 

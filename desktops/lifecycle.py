@@ -38,11 +38,21 @@ TRANSITIONS: dict[str, Transition] = {
     "destroy": Transition(frozenset(S) - {S.DESTROYING, S.DESTROYED}, S.DESTROYING, S.DESTROYED),
 }
 # The desktop states a driver instance should be in; transitional states are not checked.
-STEADY = {S.RUNNING: InstanceState.RUNNING, S.STOPPED: InstanceState.STOPPED, S.SUSPENDED: InstanceState.SUSPENDED}
+STEADY = {
+    S.RUNNING: InstanceState.RUNNING,
+    S.STOPPED: InstanceState.STOPPED,
+    S.SUSPENDED: InstanceState.SUSPENDED,
+}
 
 
 def transition(
-    *, desktop_id: str, sources: set[str] | frozenset[str], target: str, actor: Actor, reason: str = "", **fields
+    *,
+    desktop_id: str,
+    sources: set[str] | frozenset[str],
+    target: str,
+    actor: Actor,
+    reason: str = "",
+    **fields,
 ) -> bool:
     """Move the desktop to `target` only if it is in one of `sources`; True if this call did it."""
     with transaction.atomic():
@@ -59,7 +69,11 @@ def transition(
             desktop_id=desktop_id, from_state=from_state, to_state=target, actor=actor.label, reason=reason
         )
         audit_record(
-            actor=actor, action=f"desktop.{target}", workspace_id=workspace_id, target=desktop_id, reason=reason
+            actor=actor,
+            action=f"desktop.{target}",
+            workspace_id=workspace_id,
+            target=desktop_id,
+            reason=reason,
         )
     return True
 
@@ -130,7 +144,12 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
         except DriverError as exc:
             message = f"{message} (clean-up pending: {exc.message})"
     transition(
-        desktop_id=desktop_id, sources={step.via}, target=S.ERROR, actor=SYSTEM, reason=message, last_error=message
+        desktop_id=desktop_id,
+        sources={step.via},
+        target=S.ERROR,
+        actor=SYSTEM,
+        reason=message,
+        last_error=message,
     )
 
 
@@ -148,7 +167,14 @@ def reconcile() -> dict[str, list[str]]:
         if instance is None or instance.state == InstanceState.ABSENT:
             report["vanished"].append(key)
             message = "The desktop's machine no longer exists on the compute engine."
-            transition(desktop_id=key, sources={state}, target=S.ERROR, actor=SYSTEM, reason=message, last_error=message)
+            transition(
+                desktop_id=key,
+                sources={state},
+                target=S.ERROR,
+                actor=SYSTEM,
+                reason=message,
+                last_error=message,
+            )
         elif instance.state != expected:
             report["drift"].append(key)
             logger.warning("drift: %s is %s in the database but %s on the engine", key, state, instance.state)

@@ -11,7 +11,8 @@ class RequestContext:
     ip: str | None = None
 
 
-current_request: ContextVar[RequestContext] = ContextVar("current_request", default=RequestContext())
+_NO_REQUEST = RequestContext()  # frozen, so sharing it as the default is safe
+current_request: ContextVar[RequestContext] = ContextVar("current_request", default=_NO_REQUEST)
 
 
 class RequestContextMiddleware:
@@ -20,7 +21,9 @@ class RequestContextMiddleware:
 
     def __call__(self, request):
         request.request_id = request.headers.get("X-Request-ID", "")[:64] or uuid.uuid4().hex
-        token = current_request.set(RequestContext(request.request_id, request.META.get("REMOTE_ADDR") or None))
+        token = current_request.set(
+            RequestContext(request.request_id, request.META.get("REMOTE_ADDR") or None)
+        )
         try:
             response = self.get_response(request)
         finally:

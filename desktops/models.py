@@ -101,7 +101,10 @@ class Desktop(models.Model):
                 violation_error_message="A desktop with this name already exists in the workspace.",
             )
         ]
-        indexes = [models.Index(fields=["workspace", "state"]), models.Index(fields=["workspace", "-created_at"])]
+        indexes = [
+            models.Index(fields=["workspace", "state"]),
+            models.Index(fields=["workspace", "-created_at"]),
+        ]
 
     def __str__(self):
         return f"{self.name} ({self.id})"
@@ -121,6 +124,9 @@ class DesktopEvent(models.Model):
     class Meta:
         ordering = ["created_at"]
 
+    def __str__(self):
+        return f"{self.desktop_id}: {self.from_state or '-'} -> {self.to_state}"
+
 
 class ApiScope(models.TextChoices):
     READ = "read"
@@ -138,7 +144,9 @@ class ApiKey(models.Model):
     scope = models.CharField(max_length=5, choices=ApiScope.choices, default=ApiScope.WRITE)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 

@@ -33,7 +33,9 @@ def role_in(*, actor: Actor, workspace_id: str) -> Role | None:
         return Role.OWNER
     if actor.api_key is not None and actor.api_key.workspace_id != workspace_id:
         return None
-    role = Membership.objects.filter(workspace_id=workspace_id, user=user).values_list("role", flat=True).first()
+    role = (
+        Membership.objects.filter(workspace_id=workspace_id, user=user).values_list("role", flat=True).first()
+    )
     if role is None:
         return None
     if actor.api_key is not None and actor.api_key.scope == ApiScope.READ:
@@ -88,15 +90,14 @@ def plan_get(*, plan: str | None) -> Plan:
     return found
 
 
-def desktop_list(*, actor: Actor, workspace_id: str | None = None, state: str | None = None) -> QuerySet[Desktop]:
+def desktop_list(
+    *, actor: Actor, workspace_id: str | None = None, state: str | None = None
+) -> QuerySet[Desktop]:
     desktops = Desktop.objects.filter(workspace__in=workspaces_visible(actor=actor)).select_related("plan")
     if workspace_id:
         desktops = desktops.filter(workspace_id=workspace_id)
-    if state:
-        desktops = desktops.filter(state=state)
-    else:
-        desktops = desktops.exclude(state=DesktopState.DESTROYED)
-    return desktops
+    # Destroyed desktops are history: shown only when asked for by state.
+    return desktops.filter(state=state) if state else desktops.exclude(state=DesktopState.DESTROYED)
 
 
 def _scoped_get(queryset: QuerySet, object_id: str, *, actor: Actor, minimum: Role, label: str):

@@ -14,7 +14,17 @@ from desktops import crypto
 from desktops.audit import Actor, audit_record
 from desktops.errors import Conflict, Invalid, NotFound
 from desktops.lifecycle import TRANSITIONS, transition
-from desktops.models import ApiKey, Desktop, DesktopState, LLMKey, LLMProvider, Membership, Plan, Role, Workspace
+from desktops.models import (
+    ApiKey,
+    Desktop,
+    DesktopState,
+    LLMKey,
+    LLMProvider,
+    Membership,
+    Plan,
+    Role,
+    Workspace,
+)
 from desktops.selectors import role_in, workspace_get
 from workers.drivers import driver_name
 from workers.tasks import STEP_TASKS
@@ -39,7 +49,9 @@ def workspace_create(*, user, name: str) -> Workspace:
         workspace = _validated(Workspace(name=name))
         workspace.save()
         Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
-        audit_record(actor=Actor(user=user), action="workspace.create", workspace_id=workspace.id, target=workspace.id)
+        audit_record(
+            actor=Actor(user=user), action="workspace.create", workspace_id=workspace.id, target=workspace.id
+        )
     return workspace
 
 
@@ -69,13 +81,17 @@ def workspace_delete(*, actor: Actor, workspace_id: str) -> None:
 
 
 def _ensure_an_owner_remains(workspace: Workspace, leaving: Membership) -> None:
-    if leaving.role == Role.OWNER and not workspace.memberships.filter(role=Role.OWNER).exclude(id=leaving.id):
+    if leaving.role == Role.OWNER and not workspace.memberships.filter(role=Role.OWNER).exclude(
+        id=leaving.id
+    ):
         raise Conflict("A workspace keeps at least one owner; make someone else owner first.")
 
 
 def _role_grantable(actor: Actor, workspace: Workspace, role: str) -> Role:
     if role not in Role.values:
-        raise Invalid(f"Unknown role {role!r}.", fields={"role": [f"Choose one of {', '.join(Role.values)}."]})
+        raise Invalid(
+            f"Unknown role {role!r}.", fields={"role": [f"Choose one of {', '.join(Role.values)}."]}
+        )
     if role == Role.OWNER and role_in(actor=actor, workspace_id=workspace.id) != Role.OWNER:
         raise Invalid("Only an owner can make someone owner.", fields={"role": ["Not allowed."]})
     return Role(role)
@@ -86,7 +102,9 @@ def membership_add(*, actor: Actor, workspace_id: str, email: str, role: str) ->
     role = _role_grantable(actor, workspace, role)
     user = get_user_model().objects.filter(email__iexact=email).first()
     if user is None:
-        raise Invalid(f"No user has the email {email}; they must sign up first.", fields={"email": ["Unknown."]})
+        raise Invalid(
+            f"No user has the email {email}; they must sign up first.", fields={"email": ["Unknown."]}
+        )
     try:
         with transaction.atomic():
             membership = Membership.objects.create(workspace=workspace, user=user, role=role)
@@ -104,7 +122,9 @@ def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, 
         _ensure_an_owner_remains(workspace, membership)
     membership.role = role
     membership.save(update_fields=["role"])
-    audit_record(actor=actor, action="member.role", workspace_id=workspace.id, target=membership.id, role=role)
+    audit_record(
+        actor=actor, action="member.role", workspace_id=workspace.id, target=membership.id, role=role
+    )
     return membership
 
 
@@ -126,7 +146,9 @@ def _membership_of(workspace: Workspace, membership_id: str) -> Membership:
 # Desktops
 
 
-def desktop_create(*, actor: Actor, workspace: Workspace, plan: Plan, name: str, image_profile: str = "") -> Desktop:
+def desktop_create(
+    *, actor: Actor, workspace: Workspace, plan: Plan, name: str, image_profile: str = ""
+) -> Desktop:
     workspace_get(actor=actor, workspace_id=workspace.id, minimum=Role.MEMBER)
     desktop = Desktop(
         workspace=workspace,
@@ -142,7 +164,11 @@ def desktop_create(*, actor: Actor, workspace: Workspace, plan: Plan, name: str,
             desktop.save()
             desktop.events.create(to_state=desktop.state, actor=actor.label, reason="created")
             audit_record(
-                actor=actor, action="desktop.create", workspace_id=workspace.id, target=desktop.id, plan=plan.name
+                actor=actor,
+                action="desktop.create",
+                workspace_id=workspace.id,
+                target=desktop.id,
+                plan=plan.name,
             )
             _enqueue_step(desktop.id, "provision")
     except IntegrityError as exc:
@@ -158,7 +184,9 @@ def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
     if step is None or not step.sources:
         raise Invalid(f"Unknown action {action!r}.")
     with transaction.atomic():
-        if not transition(desktop_id=desktop.id, sources=step.sources, target=step.via, actor=actor, reason=action):
+        if not transition(
+            desktop_id=desktop.id, sources=step.sources, target=step.via, actor=actor, reason=action
+        ):
             desktop.refresh_from_db(fields=["state"])
             allowed = ", ".join(sorted(step.sources)) if len(step.sources) < 4 else "any state but destroying"
             raise Conflict(f"Cannot {action} a desktop that is {desktop.state} (allowed from: {allowed}).")

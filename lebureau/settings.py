@@ -120,7 +120,7 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Le Bureau API",
-    "DESCRIPTION": "Persistent cloud desktops for AI agents. Authenticate with `Authorization: Bearer <key>`.",
+    "DESCRIPTION": "Persistent cloud desktops for AI agents. Authenticate with `Authorization: Bearer <key>`",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     # The docs page is served from our own static files, never a CDN.

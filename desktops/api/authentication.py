@@ -1,8 +1,8 @@
 from datetime import timedelta
 
 from django.utils import timezone
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from django.utils.crypto import constant_time_compare
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from desktops import crypto

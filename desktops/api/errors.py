@@ -47,4 +47,6 @@ def exception_handler(exc, context):
 
 def not_found(request, *args, **kwargs):
     """Unknown /api/ paths answer in the API's error shape, not with an HTML page."""
-    return JsonResponse(error_body("not_found", f"No API endpoint at {request.path}."), status=status.HTTP_404_NOT_FOUND)
+    return JsonResponse(
+        error_body("not_found", f"No API endpoint at {request.path}."), status=status.HTTP_404_NOT_FOUND
+    )

@@ -13,5 +13,7 @@ class IsAuthenticatedWithScope(permissions.IsAuthenticated):
             return False
         key = request.auth
         return not (
-            isinstance(key, ApiKey) and key.scope == ApiScope.READ and request.method not in permissions.SAFE_METHODS
+            isinstance(key, ApiKey)
+            and key.scope == ApiScope.READ
+            and request.method not in permissions.SAFE_METHODS
         )

@@ -88,7 +88,17 @@ class ApiKeySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiKey
-        fields = ["id", "workspace_id", "name", "prefix", "scope", "expires_at", "last_used_at", "created_by", "created_at"]
+        fields = [
+            "id",
+            "workspace_id",
+            "name",
+            "prefix",
+            "scope",
+            "expires_at",
+            "last_used_at",
+            "created_by",
+            "created_at",
+        ]
 
 
 class ApiKeyCreateSerializer(serializers.Serializer):

@@ -80,7 +80,9 @@ class DesktopViewSet(ApiViewSet):
         query = self.valid(DesktopListQuery, request.query_params)
         if query.get("workspace"):
             self.workspace(query["workspace"])
-        desktops = selectors.desktop_list(actor=self.actor, workspace_id=query.get("workspace"), state=query.get("state"))
+        desktops = selectors.desktop_list(
+            actor=self.actor, workspace_id=query.get("workspace"), state=query.get("state")
+        )
         return self.page(desktops, s.DesktopSerializer)
 
     @extend_schema(request=s.DesktopCreateSerializer, responses={201: s.DesktopSerializer})
@@ -107,7 +109,10 @@ class DesktopViewSet(ApiViewSet):
     @extend_schema(
         operation_id="desktops_act",
         request=None,
-        responses={202: s.DesktopSerializer, 409: OpenApiResponse(description="Not allowed in the current state")},
+        responses={
+            202: s.DesktopSerializer,
+            409: OpenApiResponse(description="Not allowed in the current state"),
+        },
     )
     @action(detail=True, methods=["post"], url_path=r"(?P<step>start|stop|suspend|resume)")
     def act(self, request, pk, step):
@@ -188,7 +193,9 @@ class ApiKeyViewSet(ApiViewSet):
 
     @extend_schema(parameters=[WorkspaceQuery])
     def list(self, request):
-        return self.page(selectors.api_key_list(actor=self.actor, workspace_id=self.managed()), s.ApiKeySerializer)
+        return self.page(
+            selectors.api_key_list(actor=self.actor, workspace_id=self.managed()), s.ApiKeySerializer
+        )
 
     @extend_schema(request=s.ApiKeyCreateSerializer, responses={201: s.ApiKeyCreatedSerializer})
     def create(self, request):
@@ -209,7 +216,9 @@ class LLMKeyViewSet(ApiViewSet):
 
     @extend_schema(parameters=[WorkspaceQuery])
     def list(self, request):
-        return self.page(selectors.llm_key_list(actor=self.actor, workspace_id=self.managed()), s.LLMKeySerializer)
+        return self.page(
+            selectors.llm_key_list(actor=self.actor, workspace_id=self.managed()), s.LLMKeySerializer
+        )
 
     def retrieve(self, request, pk):
         return Response(s.LLMKeySerializer(self._key(pk)).data)

@@ -15,7 +15,13 @@ def seed_plans(apps, schema_editor):
     for name, vcpus, memory_mib, disk_gib, price in PLANS:
         Plan.objects.update_or_create(
             id=f"plan_{name}",
-            defaults={"name": name, "vcpus": vcpus, "memory_mib": memory_mib, "disk_gib": disk_gib, "monthly_price": price},
+            defaults={
+                "name": name,
+                "vcpus": vcpus,
+                "memory_mib": memory_mib,
+                "disk_gib": disk_gib,
+                "monthly_price": price,
+            },
         )
 
 

@@ -1,7 +1,7 @@
 """Owner / admin / member / viewer / outsider on every endpoint, each through a real API key."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 
@@ -39,7 +39,10 @@ CASES = [
     Case("list desktops", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops?workspace={ws.id}", None)),
     Case("get desktop", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}", None)),
     Case(
-        "desktop events", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/events", None)
+        "desktop events",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/events", None),
     ),
     Case(
         "create desktop",
@@ -47,7 +50,12 @@ CASES = [
         201,
         lambda ws, m: ("post", "/api/desktops", {"name": "new-one", "workspaceId": ws.id}),
     ),
-    Case("stop desktop", Role.MEMBER, 202, lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/stop", None)),
+    Case(
+        "stop desktop",
+        Role.MEMBER,
+        202,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/stop", None),
+    ),
     Case(
         "start desktop",
         Role.MEMBER,
@@ -55,7 +63,10 @@ CASES = [
         lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m, 'stopped')}/start", None),
     ),
     Case(
-        "suspend desktop", Role.MEMBER, 202, lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/suspend", None)
+        "suspend desktop",
+        Role.MEMBER,
+        202,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/suspend", None),
     ),
     Case(
         "resume desktop",
@@ -63,9 +74,19 @@ CASES = [
         202,
         lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m, 'suspended')}/resume", None),
     ),
-    Case("destroy desktop", Role.MEMBER, 202, lambda ws, m: ("delete", f"/api/desktops/{_desktop(ws, m)}", None)),
+    Case(
+        "destroy desktop",
+        Role.MEMBER,
+        202,
+        lambda ws, m: ("delete", f"/api/desktops/{_desktop(ws, m)}", None),
+    ),
     Case("get workspace", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}", None)),
-    Case("rename workspace", Role.ADMIN, 200, lambda ws, m: ("patch", f"/api/workspaces/{ws.id}", {"name": "New"})),
+    Case(
+        "rename workspace",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("patch", f"/api/workspaces/{ws.id}", {"name": "New"}),
+    ),
     Case("delete workspace", Role.OWNER, 204, lambda ws, m: ("delete", f"/api/workspaces/{ws.id}", None)),
     Case("list members", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}/members", None)),
     Case(
@@ -84,11 +105,18 @@ CASES = [
         "remove member",
         Role.ADMIN,
         204,
-        lambda ws, m: ("delete", f"/api/workspaces/{ws.id}/members/{MembershipFactory(workspace=ws).id}", None),
+        lambda ws, m: (
+            "delete",
+            f"/api/workspaces/{ws.id}/members/{MembershipFactory(workspace=ws).id}",
+            None,
+        ),
     ),
     Case("list api keys", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/keys?workspace={ws.id}", None)),
     Case(
-        "create api key", Role.ADMIN, 201, lambda ws, m: ("post", "/api/keys", {"workspaceId": ws.id, "name": "x"})
+        "create api key",
+        Role.ADMIN,
+        201,
+        lambda ws, m: ("post", "/api/keys", {"workspaceId": ws.id, "name": "x"}),
     ),
     Case("revoke api key", Role.ADMIN, 204, lambda ws, m: ("delete", f"/api/keys/{_api_key(ws, m)}", None)),
     Case("list llm keys", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/llm-keys?workspace={ws.id}", None)),
@@ -112,7 +140,9 @@ CASES = [
             {"provider": "openai", "name": "k", "secret": "sk-rotated-87654321"},
         ),
     ),
-    Case("delete llm key", Role.ADMIN, 204, lambda ws, m: ("delete", f"/api/llm-keys/{_llm_key(ws, m)}", None)),
+    Case(
+        "delete llm key", Role.ADMIN, 204, lambda ws, m: ("delete", f"/api/llm-keys/{_llm_key(ws, m)}", None)
+    ),
     Case("read audit", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/audit?workspace={ws.id}", None)),
 ]
 

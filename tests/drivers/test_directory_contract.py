@@ -17,4 +17,6 @@ class TestDirectoryDriver(DriverContract):
     @pytest.fixture
     def spec(self):
         key = f"dsk_t{secrets.token_hex(6)}"
-        return InstanceSpec(key=key, hostname=key, vcpus=1, memory_mib=512, disk_gib=1, ssh_public_key="ssh-ed25519 AAAA")
+        return InstanceSpec(
+            key=key, hostname=key, vcpus=1, memory_mib=512, disk_gib=1, ssh_public_key="ssh-ed25519 AAAA"
+        )

@@ -40,7 +40,9 @@ class DirectoryDriver(ComputeDriver):
 
     # Test helpers
 
-    def inject_fault(self, hostname: str, step: str, *, transient=False, times=1, message="injected", delay=0.0):
+    def inject_fault(
+        self, hostname: str, step: str, *, transient=False, times=1, message="injected", delay=0.0
+    ):
         fault = {"step": step, "transient": transient, "times": times, "message": message, "delay": delay}
         (self.root / "faults" / f"{hostname}.json").write_text(json.dumps(fault))
 
@@ -56,7 +58,12 @@ class DirectoryDriver(ComputeDriver):
     def provision(self, spec: InstanceSpec) -> InstanceStatus:
         self._maybe_fail(spec.hostname, "provision")
         if (data := self._load(spec.key)) is None:
-            data = {"hostname": spec.hostname, "state": InstanceState.RUNNING, "ip": self._ip(spec.key), "policy": None}
+            data = {
+                "hostname": spec.hostname,
+                "state": InstanceState.RUNNING,
+                "ip": self._ip(spec.key),
+                "policy": None,
+            }
             self._save(spec.key, data)
         return self._status(spec.key, data)
 
@@ -86,7 +93,10 @@ class DirectoryDriver(ComputeDriver):
 
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
         data = self._require(key)
-        data["policy"] = {"allow_internet": policy.allow_internet, "allowed_cidrs": list(policy.allowed_cidrs)}
+        data["policy"] = {
+            "allow_internet": policy.allow_internet,
+            "allowed_cidrs": list(policy.allowed_cidrs),
+        }
         self._save(key, data)
 
     # Internals

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs and prepares everything the control plane needs on a Debian/Ubuntu machine, as root.
+# Idempotent: a second run only checks. Used by `make dev`, `make test` and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+step "System packages"
+missing=()
+for pkg in postgresql redis-server python3-venv; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+echo "ok"
+
+step "PostgreSQL and Redis"
+scripts/services.sh
+echo "ok"
+
+step "Python environment (.venv)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+echo "ok"
+
+step "Configuration (.env)"
+if [ ! -f .env ]; then
+    .venv/bin/python - <<'PY'
+import base64, secrets
+from pathlib import Path
+Path(".env").write_text(
+    "DJANGO_DEBUG=true\n"
+    f"SECRET_KEY={secrets.token_urlsafe(50)}\n"
+    f"API_KEY_HMAC_SECRET={secrets.token_urlsafe(32)}\n"
+    f"LLM_KEY_ENCRYPTION_KEYS={base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()}\n"
+)
+PY
+    chmod 600 .env
+    echo "wrote .env with fresh secrets"
+else
+    echo "keeping the existing .env"
+fi
+
+step "Database"
+db_name=$(.venv/bin/python -c "from lebureau.settings import DATABASES as d; print(d['default']['NAME'])")
+su postgres -c "psql -tAc \"SELECT 1 FROM pg_database WHERE datname='$db_name'\"" | grep -q 1 \
+    || su postgres -c "createdb '$db_name'"
+.venv/bin/python manage.py migrate --noinput -v 0
+.venv/bin/python manage.py collectstatic --noinput -v 0
+echo "ok"
+
+step "First admin"
+if [ -n "${DJANGO_SUPERUSER_EMAIL:-}" ] && [ -n "${DJANGO_SUPERUSER_PASSWORD:-}" ]; then
+    DJANGO_SUPERUSER_USERNAME="${DJANGO_SUPERUSER_USERNAME:-$DJANGO_SUPERUSER_EMAIL}" \
+        .venv/bin/python manage.py createsuperuser --noinput 2>/dev/null && echo "created $DJANGO_SUPERUSER_EMAIL" \
+        || echo "$DJANGO_SUPERUSER_EMAIL already exists"
+else
+    echo "none created: set DJANGO_SUPERUSER_EMAIL and DJANGO_SUPERUSER_PASSWORD, or run"
+    echo "  .venv/bin/python manage.py createsuperuser"
+fi

@@ -1,0 +1,264 @@
+from datetime import timedelta
+
+import pytest
+from django.db import ProgrammingError, transaction
+from django.utils import timezone
+
+from desktops import crypto
+from desktops.models import ApiKey, AuditEvent, Desktop, DesktopState, LLMKey, Role
+from tests.conftest import client_for
+from tests.factories import DesktopFactory, api_key_for
+
+
+@pytest.fixture
+def owner(members):
+    return members[Role.OWNER]
+
+
+@pytest.fixture
+def api(owner, plan):
+    return client_for(key=api_key_for(owner))
+
+
+# The seed documents' calls, as written apart from the host
+
+
+def test_seed_curl_create_then_list(api, workspace):
+    created = api.post("/api/desktops", {"name": "ci-agent", "workspaceId": workspace.id}, format="json")
+    assert created.status_code == 201
+    body = created.json()
+    assert body["id"].startswith("dsk_") and body["workspaceId"] == workspace.id
+    assert body["state"] == "provisioning" and body["plan"]["name"] == "starter"
+    listed = api.get("/api/desktops").json()
+    assert [d["id"] for d in listed["results"]] == [body["id"]]
+
+
+def test_list_filters_and_paginates(api, workspace):
+    DesktopFactory.create_batch(3, workspace=workspace, state=DesktopState.RUNNING)
+    DesktopFactory(workspace=workspace, state=DesktopState.STOPPED)
+    DesktopFactory(workspace=workspace, state=DesktopState.DESTROYED)
+    assert api.get("/api/desktops").json()["count"] == 4
+    assert api.get("/api/desktops?state=stopped").json()["count"] == 1
+    assert api.get("/api/desktops?state=destroyed").json()["count"] == 1
+    page = api.get("/api/desktops?pageSize=2").json()
+    assert len(page["results"]) == 2 and page["next"]
+    bad = api.get("/api/desktops?state=sleeping")
+    assert bad.status_code == 400 and "state" in bad.json()["error"]["fields"]
+
+
+# Errors
+
+
+@pytest.mark.parametrize(
+    ("name", "field_message"),
+    [("Bad_Name", "lowercase"), ("-edge", "hyphen"), ("x" * 64, "63"), ("", "blank")],
+)
+def test_bad_names_are_400_with_the_field(api, name, field_message):
+    response = api.post("/api/desktops", {"name": name}, format="json")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and field_message in " ".join(error["fields"]["name"])
+    assert not Desktop.objects.exists()
+
+
+def test_duplicate_name_is_409(api, workspace):
+    DesktopFactory(workspace=workspace, name="taken")
+    response = api.post("/api/desktops", {"name": "taken"}, format="json")
+    assert response.status_code in (400, 409)
+    assert "already exists" in response.json()["error"]["message"]
+
+
+def test_unknown_plan_names_the_choices(api):
+    response = api.post("/api/desktops", {"name": "a", "plan": "gold"}, format="json")
+    assert response.status_code == 400
+    assert "starter" in response.json()["error"]["message"]
+
+
+def test_unknown_api_path_is_json_404(api):
+    response = api.get("/api/nothing-here")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_malformed_json_is_400(api):
+    response = api.post("/api/desktops", "{not json", content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]["message"]
+
+
+def test_illegal_transition_is_409_naming_the_state(api, workspace):
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED)
+    response = api.post(f"/api/desktops/{desktop.id}/stop")
+    assert response.status_code == 409
+    assert "stopped" in response.json()["error"]["message"]
+
+
+# Platform keys
+
+
+def test_key_is_shown_once_and_stored_as_hash(owner, workspace):
+    client = client_for(owner)
+    created = client.post(
+        "/api/keys", {"workspaceId": workspace.id, "name": "ci", "scope": "read"}, format="json"
+    )
+    assert created.status_code == 201
+    token = created.json()["key"]
+    key = ApiKey.objects.get(id=created.json()["id"])
+    assert key.hashed == crypto.api_token_hash(token) and token not in key.hashed
+    listed = client.get("/api/keys").json()["results"]
+    assert "key" not in listed[0] and listed[0]["prefix"] == key.prefix
+    assert token not in str(AuditEvent.objects.values_list("detail", "target"))
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("Bearer lb_nothere_xxxxxxxx", "not valid"),
+        ("Bearer", "Bearer <key>"),
+        ("Bearer garbage", "not valid"),
+    ],
+)
+def test_bad_keys_are_401(db, header, message):
+    response = client_for().get("/api/desktops", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401 and message in response.json()["error"]["message"]
+
+
+def test_revoked_and_expired_keys_are_401(owner):
+    expired = api_key_for(owner, expires_at=timezone.now() - timedelta(minutes=1))
+    assert client_for(key=expired).get("/api/plans").status_code == 401
+    token = api_key_for(owner)
+    ApiKey.objects.filter(prefix=crypto.api_token_prefix(token)).update(revoked_at=timezone.now())
+    response = client_for(key=token).get("/api/plans")
+    assert response.status_code == 401 and "revoked" in response.json()["error"]["message"]
+
+
+def test_read_key_cannot_write(owner, plan):
+    client = client_for(key=api_key_for(owner, scope="read"))
+    assert client.get("/api/desktops").status_code == 200
+    response = client.post("/api/desktops", {"name": "nope"}, format="json")
+    assert response.status_code == 403 and "read-only" in response.json()["error"]["message"]
+
+
+def test_key_stops_working_when_its_creator_leaves(members, plan):
+    member = members[Role.MEMBER]
+    client = client_for(key=api_key_for(member))
+    assert client.get(f"/api/workspaces/{member.workspace_id}").status_code == 200
+    member.delete()
+    assert client.get(f"/api/workspaces/{member.workspace_id}").status_code == 404
+
+
+def test_last_used_is_recorded(owner):
+    token = api_key_for(owner)
+    client_for(key=token).get("/api/plans")
+    assert ApiKey.objects.get(prefix=crypto.api_token_prefix(token)).last_used_at is not None
+
+
+def test_no_auth_is_401_with_bearer_challenge(db):
+    response = client_for().get("/api/desktops")
+    assert response.status_code == 401 and response["WWW-Authenticate"] == "Bearer"
+
+
+# BYOK keys
+
+
+def test_llm_secret_is_encrypted_and_never_returned(owner, workspace):
+    client = client_for(owner)
+    secret = "sk-live-abcdefghijklmnop1234"
+    created = client.post(
+        "/api/llm-keys",
+        {"workspaceId": workspace.id, "provider": "openai", "name": "main", "secret": secret},
+        format="json",
+    )
+    assert created.status_code == 201
+    assert secret not in created.content.decode() and created.json()["last4"] == "1234"
+    stored = LLMKey.objects.get()
+    assert secret not in stored.secret_encrypted and crypto.secret_decrypt(stored.secret_encrypted) == secret
+    for response in (client.get("/api/llm-keys"), client.get(f"/api/llm-keys/{stored.id}")):
+        assert secret not in response.content.decode()
+    assert secret not in str(list(AuditEvent.objects.values("detail", "target", "actor")))
+
+
+def test_llm_openai_compatible_needs_base_url(owner, workspace):
+    body = {
+        "workspaceId": workspace.id,
+        "provider": "openai_compatible",
+        "name": "local",
+        "secret": "sk-12345678",
+    }
+    response = client_for(owner).post("/api/llm-keys", body, format="json")
+    assert response.status_code == 400 and "baseUrl" in response.json()["error"]["fields"]
+
+
+# Workspaces and members
+
+
+def test_last_owner_cannot_be_demoted_or_removed(owner, workspace):
+    client = client_for(owner)
+    response = client.patch(
+        f"/api/workspaces/{workspace.id}/members/{owner.id}", {"role": "admin"}, format="json"
+    )
+    assert response.status_code == 409
+    assert client.delete(f"/api/workspaces/{workspace.id}/members/{owner.id}").status_code == 409
+
+
+def test_admin_cannot_make_an_owner(members, workspace):
+    client = client_for(members[Role.ADMIN])
+    url = f"/api/workspaces/{workspace.id}/members/{members[Role.VIEWER].id}"
+    assert client.patch(url, {"role": "owner"}, format="json").status_code == 400
+
+
+def test_workspace_with_desktops_cannot_be_deleted(owner, workspace):
+    DesktopFactory(workspace=workspace)
+    response = client_for(owner).delete(f"/api/workspaces/{workspace.id}")
+    assert response.status_code == 409 and "Destroy" in response.json()["error"]["message"]
+
+
+# Audit
+
+
+def test_every_api_request_is_audited_with_request_id(api, workspace):
+    response = api.post("/api/desktops", {"name": "audited"}, format="json", HTTP_X_REQUEST_ID="req-123")
+    desktop_id = response.json()["id"]
+    events = AuditEvent.objects.filter(request_id="req-123")
+    assert set(events.values_list("action", flat=True)) == {"api.request", "desktop.create"}
+    assert all(e.workspace_id == workspace.id and e.actor.startswith("key:") for e in events)
+    assert events.get(action="desktop.create").target == desktop_id
+    api.get("/api/desktops")
+    assert AuditEvent.objects.filter(action="api.request", detail__method="GET").exists()
+    listed = api.get(f"/api/audit?workspace={workspace.id}&action=desktop.").json()["results"]
+    assert [e["action"] for e in listed] == ["desktop.create"]
+
+
+def test_audit_trail_is_append_only(db):
+    event = AuditEvent.objects.create(actor="system:test", action="test")
+    with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(id=event.id).update(action="forged")
+    with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(id=event.id).delete()
+
+
+def test_login_creates_a_workspace_and_is_audited(client, user):
+    response = client.post(
+        "/accounts/login/", {"login": user.email, "password": "correct horse battery staple"}
+    )
+    assert response.status_code == 302
+    assert user.memberships.get().role == Role.OWNER
+    assert AuditEvent.objects.filter(action="auth.login", actor=f"user:{user.email}").exists()
+    client.post("/accounts/logout/")
+    client.post("/accounts/login/", {"login": user.email, "password": "wrong"})
+    failed = AuditEvent.objects.get(action="auth.login_failed")
+    assert "wrong" not in str(failed.detail) + failed.target
+    assert user.memberships.count() == 1
+
+
+def test_session_auth_works_for_the_ui(owner):
+    assert client_for(owner).get("/api/desktops").status_code == 200
+
+
+# Schema and docs
+
+
+def test_openapi_schema_and_docs(api, owner):
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    assert "/api/desktops/" in schema.json()["paths"]
+    docs = client_for(owner).get("/api/docs/")
+    assert docs.status_code == 200 and b"swagger" in docs.content.lower()
