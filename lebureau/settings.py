@@ -6,7 +6,7 @@ with the variable's name instead of running half-configured.
 
 from pathlib import Path
 
-from environs import Env
+from environs import Env, validate
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ SPECTACULAR_SETTINGS = {
 # Platform API keys are stored as an HMAC of the secret; this key never leaves the server.
 API_KEY_HMAC_SECRET = env.str("API_KEY_HMAC_SECRET")
 # Fernet keys (comma-separated, newest first) encrypting BYOK LLM keys at rest; old ones still decrypt.
-LLM_KEY_ENCRYPTION_KEYS = env.list("LLM_KEY_ENCRYPTION_KEYS")
+LLM_KEY_ENCRYPTION_KEYS = env.list("LLM_KEY_ENCRYPTION_KEYS", validate=validate.Length(min=1))
 
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
