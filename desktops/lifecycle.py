@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from desktops.audit import SYSTEM, Actor, audit_record
+from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.models import AuditEvent, Desktop, DesktopEvent
 from desktops.models import DesktopState as S
 from workers.drivers import driver_name, get_driver
@@ -56,7 +57,13 @@ def transition(
 ) -> bool:
     """Move the desktop to `target` only if it is in one of `sources`; True if this call did it."""
     with transaction.atomic():
-        current = Desktop.objects.filter(id=desktop_id).values_list("state", "workspace_id").first()
+        # The row lock only makes `from_state` exact for the event; the UPDATE's condition decides.
+        current = (
+            Desktop.objects.select_for_update()
+            .filter(id=desktop_id)
+            .values_list("state", "workspace_id")
+            .first()
+        )
         if current is None:
             return False
         from_state, workspace_id = current
@@ -74,6 +81,9 @@ def transition(
             workspace_id=workspace_id,
             target=desktop_id,
             reason=reason,
+        )
+        publish_state_change(
+            DesktopStateChanged(desktop_id=desktop_id, workspace_id=workspace_id, state=target)
         )
     return True
 

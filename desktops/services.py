@@ -13,6 +13,7 @@ from django.utils import timezone
 from desktops import crypto
 from desktops.audit import Actor, audit_record
 from desktops.errors import Conflict, Invalid, NotFound
+from desktops.events import AccessChanged, publish_access_change
 from desktops.lifecycle import TRANSITIONS, transition
 from desktops.models import (
     ApiKey,
@@ -122,6 +123,7 @@ def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, 
         _ensure_an_owner_remains(workspace, membership)
     membership.role = role
     membership.save(update_fields=["role"])
+    publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
     audit_record(
         actor=actor, action="member.role", workspace_id=workspace.id, target=membership.id, role=role
     )
@@ -133,6 +135,7 @@ def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) ->
     membership = _membership_of(workspace, membership_id)
     _ensure_an_owner_remains(workspace, membership)
     membership.delete()
+    publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
     audit_record(actor=actor, action="member.remove", workspace_id=workspace.id, target=membership_id)
 
 

@@ -12,7 +12,10 @@ def test_issue_api_key_gives_a_working_key(user, plan):
     out = StringIO()
     call_command("issue_api_key", user.email, stdout=out)
     token = out.getvalue().strip()
-    assert ApiKey.objects.get(prefix=crypto.api_token_prefix(token)).workspace.memberships.get().role == Role.OWNER
+    assert (
+        ApiKey.objects.get(prefix=crypto.api_token_prefix(token)).workspace.memberships.get().role
+        == Role.OWNER
+    )
     assert client_for(key=token).get("/api/plans").status_code == 200
 
 

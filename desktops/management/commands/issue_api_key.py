@@ -25,7 +25,8 @@ class Command(BaseCommand):
         if workspace:
             memberships = memberships.filter(workspace_id=workspace)
         if memberships.count() != 1:
-            raise CommandError("Name the workspace with --workspace: " + ", ".join(m.workspace_id for m in memberships))
+            choices = ", ".join(m.workspace_id for m in memberships)
+            raise CommandError(f"Name the workspace with --workspace: {choices}")
         try:
             _, token = services.api_key_create(
                 actor=Actor(user=user), workspace_id=memberships.get().workspace_id, name=name, scope=scope
