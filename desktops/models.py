@@ -86,6 +86,7 @@ class Desktop(models.Model):
     state = models.CharField(max_length=20, choices=DesktopState.choices, default=DesktopState.PROVISIONING)
     private_ip = models.GenericIPAddressField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    ssh_host_key = models.TextField(blank=True, help_text="Pinned on first contact, checked after")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

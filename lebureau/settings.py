@@ -163,6 +163,12 @@ CONTROL_PLANE_SSH_KEY = env.path("CONTROL_PLANE_SSH_KEY", BASE_DIR / "var" / "ss
 # Transient driver errors are retried with exponential backoff, this many times, waiting at most this long.
 DRIVER_RETRY_MAX = env.int("DRIVER_RETRY_MAX", 6)
 DRIVER_RETRY_BACKOFF_MAX = env.int("DRIVER_RETRY_BACKOFF_MAX", 60)
+# Relays: a session token opens a VNC or terminal relay within this many seconds of being minted.
+RELAY_TOKEN_MAX_AGE = env.int("RELAY_TOKEN_MAX_AGE", 60)
+# What the relays dial inside a desktop.
+DESKTOP_VNC_PORT = env.int("DESKTOP_VNC_PORT", 5900)
+DESKTOP_SSH_PORT = env.int("DESKTOP_SSH_PORT", 22)
+DESKTOP_SSH_USER = env.str("DESKTOP_SSH_USER", "agent")
 DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
 DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "minimal")
 

@@ -115,3 +115,16 @@ def celery_worker(django_db_setup, django_db_blocker, driver_dir, tmp_path_facto
     worker.terminate()
     worker.wait(timeout=30)
     log.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_stray_connections(django_db_setup, django_db_blocker):
+    """Relay threads keep their own database connections; end them so the test database can be dropped."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )

@@ -135,3 +135,21 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = ["id", "at", "actor", "workspace_id", "action", "target", "ip", "request_id", "detail"]
+
+
+class RelaySessionRequestSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=["view", "control"], default="control")
+
+
+class RelaySessionSerializer(serializers.Serializer):
+    token = serializers.CharField()
+    mode = serializers.CharField()
+    expires_at = serializers.DateTimeField(help_text="Open the relays before this; they then stay open.")
+    vnc_url = serializers.SerializerMethodField()
+    terminal_url = serializers.SerializerMethodField()
+
+    def get_vnc_url(self, session) -> str:
+        return f"/ws/desktops/{self.context['desktop_id']}/vnc?token={session.token}"
+
+    def get_terminal_url(self, session) -> str:
+        return f"/ws/desktops/{self.context['desktop_id']}/terminal?token={session.token}"

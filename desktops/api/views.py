@@ -10,6 +10,7 @@ from desktops.api import serializers as s
 from desktops.audit import Actor, audit_record
 from desktops.errors import Forbidden
 from desktops.models import DesktopState, Role
+from proxies.sessions import relay_session_create
 
 
 class WorkspaceQuery(serializers.Serializer):
@@ -122,6 +123,14 @@ class DesktopViewSet(ApiViewSet):
     @action(detail=True, methods=["get"])
     def events(self, request, pk):
         return self.page(selectors.desktop_events(desktop=self._desktop(pk)), s.DesktopEventSerializer)
+
+    @extend_schema(request=s.RelaySessionRequestSerializer, responses={201: s.RelaySessionSerializer})
+    @action(detail=True, methods=["post"])
+    def sessions(self, request, pk):
+        """Mint a short-lived token opening the desktop's VNC and terminal relays."""
+        mode = self.valid(s.RelaySessionRequestSerializer, request.data)["mode"]
+        session = relay_session_create(actor=self.actor, desktop_id=self._desktop(pk).id, mode=mode)
+        return Response(s.RelaySessionSerializer(session, context={"desktop_id": pk}).data, status=201)
 
     def _desktop(self, pk, minimum=Role.VIEWER):
         return self.scoped(selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum))

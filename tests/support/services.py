@@ -1,0 +1,74 @@
+"""Real servers the relay tests dial: TigerVNC's Xvnc and OpenSSH's sshd on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+@contextmanager
+def running(args: list[str], port: int, **kwargs):
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)
+    try:
+        wait_for_port(port, process)
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@contextmanager
+def xvnc(geometry: str = "640x400"):
+    """An X display served over RFB on a free loopback port, with an xterm drawn on it."""
+    port = free_port()
+    display = f":{port % 1000 + 100}"
+    args = ["Xvnc", display, "-rfbport", str(port), "-localhost", "-SecurityTypes", "None"]
+    with running([*args, "-geometry", geometry, "-depth", "24", "-AlwaysShared"], port):
+        env = {**os.environ, "DISPLAY": display}
+        xterm = subprocess.Popen(["xterm", "-geometry", "60x10+10+10"], env=env, stderr=subprocess.DEVNULL)
+        try:
+            yield display, port
+        finally:
+            xterm.terminate()
+
+
+@contextmanager
+def sshd(workdir: Path, authorized_key: str):
+    """OpenSSH on a free loopback port, letting in root with the control plane's key only."""
+    port = free_port()
+    host_key = workdir / "host_ed25519"
+    if not host_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+    (workdir / "authorized_keys").write_text(authorized_key + "\n")
+    config = workdir / "sshd_config"
+    config.write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
+        f"AuthorizedKeysFile {workdir / 'authorized_keys'}\nPidFile {workdir / 'sshd.pid'}\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    with running(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], port):
+        yield port
