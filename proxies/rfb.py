@@ -15,6 +15,8 @@ SET_PIXEL_FORMAT, SET_ENCODINGS, UPDATE_REQUEST, KEY, POINTER, CUT_TEXT = 0, 2, 
 ENABLE_CONTINUOUS_UPDATES, CLIENT_FENCE, SET_DESKTOP_SIZE, QEMU = 150, 248, 251, 255
 INPUT = {KEY, POINTER, CUT_TEXT, SET_DESKTOP_SIZE, QEMU}
 CONTINUOUS_UPDATES_ENCODING = -313
+# The relay holds at most one message in memory: bound the only one whose size the browser picks.
+MAX_CUT_TEXT = 1024 * 1024
 
 
 class RfbViolation(Exception):
@@ -30,7 +32,13 @@ def _message_length(buffer: bytes | bytearray) -> int | None:
     if kind == SET_ENCODINGS:
         return None if len(buffer) < 4 else 4 + 4 * struct.unpack_from(">H", buffer, 2)[0]
     if kind == CUT_TEXT:
-        return None if len(buffer) < 8 else 8 + struct.unpack_from(">i", buffer, 4)[0] % 2**32
+        if len(buffer) < 8:
+            return None
+        # A negative length announces the extended clipboard format: its payload is -length bytes.
+        payload = abs(struct.unpack_from(">i", buffer, 4)[0])
+        if payload > MAX_CUT_TEXT:
+            raise RfbViolation(f"clipboard text of {payload} bytes is over the {MAX_CUT_TEXT} limit")
+        return 8 + payload
     if kind == CLIENT_FENCE:
         return None if len(buffer) < 9 else 9 + buffer[8]
     if kind == SET_DESKTOP_SIZE:

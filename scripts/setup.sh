@@ -8,7 +8,10 @@ step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 step "System packages"
 missing=()
-for pkg in postgresql redis-server python3-venv; do
+# Services, the browser libraries' toolchain, and what the tests dial: a real VNC server with an
+# xterm on it, sshd, xclip to read a screen's clipboard, and Chromium for the browser tests.
+for pkg in postgresql redis-server python3-venv nodejs npm tigervnc-standalone-server xterm xclip \
+    openssh-server chromium; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
@@ -48,6 +51,10 @@ db_name=$(.venv/bin/python -c "from lebureau.settings import DATABASES as d; pri
 su postgres -c "psql -tAc \"SELECT 1 FROM pg_database WHERE datname='$db_name'\"" | grep -q 1 \
     || su postgres -c "createdb '$db_name'"
 .venv/bin/python manage.py migrate --noinput -v 0
+echo "ok"
+
+step "Browser libraries (noVNC, xterm.js) into static files"
+scripts/static.sh
 .venv/bin/python manage.py collectstatic --noinput -v 0
 echo "ok"
 

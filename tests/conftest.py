@@ -3,21 +3,25 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from desktops.models import Role
 from lebureau.celery import app as celery_app
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.directory_driver import DirectoryDriver
+from tests.support.services import free_port, port_open
 from workers.drivers import get_driver
 
 TEST_DRIVER = "tests.support.directory_driver.DirectoryDriver"
 # A Redis database of its own, so a developer's running worker never takes the suite's tasks.
 TEST_BROKER = os.environ.get("TEST_CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
+TEST_QUEUE = f"test-{uuid.uuid4().hex[:8]}"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,11 +32,17 @@ def driver_dir(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _control_plane_key(tmp_path_factory):
+    """The suite's own control-plane SSH key, shared by the test process and its servers."""
+    with override_settings(CONTROL_PLANE_SSH_KEY=tmp_path_factory.getbasetemp() / "ssh" / "id_ed25519"):
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _test_driver(settings, driver_dir, tmp_path_factory):
+def _test_driver(settings, driver_dir):
     settings.COMPUTE_DRIVER = TEST_DRIVER
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
-    settings.CONTROL_PLANE_SSH_KEY = tmp_path_factory.getbasetemp() / "ssh" / "id_ed25519"
     get_driver.cache_clear()
     yield
     get_driver.cache_clear()
@@ -80,41 +90,62 @@ def user(db):
     return UserFactory()
 
 
-@pytest.fixture(scope="session")
-def celery_worker(django_db_setup, django_db_blocker, driver_dir, tmp_path_factory):
-    """A real Celery worker process on the test database, Redis and the directory test driver."""
-    queue = f"test-{uuid.uuid4().hex[:8]}"
-    celery_app.conf.broker_url = TEST_BROKER
-    celery_app.conf.task_default_queue = queue
+def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str]:
+    """Environment of the suite's own worker and web processes: the test database, broker and driver."""
     db = settings.DATABASES["default"]
-    env = {
+    return {
         **os.environ,
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_CONN_MAX_AGE": "0",
         "CELERY_BROKER_URL": TEST_BROKER,
-        "CELERY_QUEUE": queue,
+        "CELERY_QUEUE": TEST_QUEUE,
         "COMPUTE_DRIVER": TEST_DRIVER,
         "TEST_DRIVER_DIR": str(driver_dir),
-        "CONTROL_PLANE_SSH_KEY": str(tmp_path_factory.getbasetemp() / "ssh" / "id_ed25519"),
-        "DRIVER_RETRY_MAX": "2",
-        "DRIVER_RETRY_BACKOFF_MAX": "1",
-        "DATABASE_CONN_MAX_AGE": "0",
+        "CONTROL_PLANE_SSH_KEY": str(settings.CONTROL_PLANE_SSH_KEY),
+        **extra,
     }
-    log = open(tmp_path_factory.getbasetemp() / "celery-worker.log", "w")  # noqa: SIM115 (lives with the worker)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", queue, "-c", "2", "-l", "INFO"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+
+
+@contextmanager
+def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Path, ready):
+    """Run one of the control plane's processes for the suite, until `ready()` is true."""
+    log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (lives with the process)
+    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
-    while not celery_app.control.ping(timeout=0.5, destination=None):
-        if worker.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"The Celery worker did not start; see {log.name}")
-    yield worker
-    worker.terminate()
-    worker.wait(timeout=30)
-    log.close()
+    while not ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"{name} did not start; see {log.name}")
+        time.sleep(0.2)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup, driver_dir, tmp_path_factory):
+    """A real Celery worker process on the test database, Redis and the directory test driver."""
+    celery_app.conf.broker_url = TEST_BROKER
+    celery_app.conf.task_default_queue = TEST_QUEUE
+    basetemp = tmp_path_factory.getbasetemp()
+    env = service_env(driver_dir, basetemp, DRIVER_RETRY_MAX="2", DRIVER_RETRY_BACKOFF_MAX="1")
+    args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_QUEUE, "-c", "2"]
+    answers = lambda: celery_app.control.ping(timeout=0.5)  # noqa: E731
+    with service_process("celery-worker", [*args, "-l", "INFO"], env, basetemp, answers) as worker:
+        yield worker
+
+
+@contextmanager
+def web_server(driver_dir: Path, basetemp: Path, **extra: str):
+    """Daphne serving the whole ASGI app (pages, API, relays) on a free loopback port; yields its URL."""
+    port = free_port()
+    args = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
+    env = service_env(driver_dir, basetemp, **extra)
+    with service_process(f"daphne-{port}", args, env, basetemp, lambda: port_open(port)):
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,6 +15,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ import paramiko
 import pytest
 
 from tests.drivers.contract import DriverContract
-from workers.drivers.base import InstanceSpec, InstanceState, NetworkPolicy
+from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
 from workers.drivers.lxc import LxcDriver
 
 IMAGES_DIR = Path(os.environ.get("LEBUREAU_IMAGES_DIR", "/var/lib/lebureau/images"))
@@ -72,6 +73,7 @@ def lxc_driver():
         bridge="lbtest0",
         subnet=SUBNET,
         nft_table="lebureau_test",
+        veth_prefix="lbt",
         host_tcp_ports=(HOST_PORT,),
     )
     # Leftovers of an interrupted run would hold addresses this fresh allocator hands out again.
@@ -205,6 +207,85 @@ def host_listener():
     thread.join(timeout=20)
 
 
+def test_a_desktop_cannot_use_another_address(desktops, client_key, host_listener):
+    _, status = desktops()
+    spoofed = "10.214.0.250"
+    code, _, err = ssh(status.private_ip, client_key, f"ip addr add {spoofed}/24 dev eth0", user="root")
+    assert code == 0, err
+    spoofing = (
+        'python3 -c "import socket; '
+        f"socket.create_connection(('{GATEWAY}', {HOST_PORT}), 3, source_address=('{spoofed}', 0))\""
+    )
+    dropped = spoofed_drops()
+    assert ssh(status.private_ip, client_key, spoofing)[0] != 0, "a spoofed source address got through"
+    assert spoofed_drops() > dropped, "the bridge's address binding did not drop the spoofed packets"
+    assert ssh(status.private_ip, client_key, PROBE.format(GATEWAY, HOST_PORT))[0] == 0
+    assert host_listener == [status.private_ip]
+
+
+def spoofed_drops() -> int:
+    listed = subprocess.run(
+        ["nft", "list", "chain", "bridge", "lebureau_test", "prerouting"], capture_output=True, text=True
+    ).stdout
+    return sum(
+        int(line.split("counter packets ")[1].split()[0])
+        for line in listed.splitlines()
+        if "@bindings" in line
+    )
+
+
+def test_start_recovers_after_a_host_reboot(lxc_driver, desktops, client_key):
+    spec, status = desktops()
+    assert ssh(status.private_ip, client_key, "echo kept > ~/note.txt && sync")[0] == 0
+    # What a reboot loses: the container, the mounts, the bridge and the firewall.
+    base = TEST_ROOT / "desktops" / spec.key
+    subprocess.run(["lxc-stop", "-n", spec.key, "-P", str(TEST_ROOT / "lxc"), "-k"], check=True)
+    subprocess.run(["umount", str(base / "rootfs")], check=True)
+    subprocess.run(["umount", str(base / "disk")], check=True)
+    subprocess.run(["ip", "link", "del", "lbtest0"], check=True)
+    subprocess.run(["nft", "delete", "table", "inet", "lebureau_test"], check=True)
+    assert lxc_driver.status(spec.key).state == InstanceState.STOPPED
+
+    assert lxc_driver.start(spec.key).state == InstanceState.RUNNING
+    assert ssh(status.private_ip, client_key, "cat ~/note.txt")[1] == "kept\n"
+    rules = subprocess.run(["nft", "list", "set", "inet", "lebureau_test", "desktops"], capture_output=True)
+    assert status.private_ip in rules.stdout.decode()
+
+
+def test_image_metadata_of_a_desktop(lxc_driver, desktops):
+    spec, _ = desktops()
+    meta = lxc_driver.image_metadata(spec.key)
+    assert meta["profile"] == "minimal"
+    assert len(meta["packages_sha256"]) == 64
+
+
+def test_an_address_already_in_use_is_refused(lxc_driver, desktops, client_key):
+    _, status = desktops()
+
+    class Stuck:
+        def allocate(self, key):
+            return status.private_ip
+
+        def release(self, key):
+            pass
+
+    clashing = LxcDriver(
+        ip_allocator=Stuck(),
+        images_dir=str(IMAGES_DIR),
+        state_dir=str(TEST_ROOT / "desktops"),
+        lxc_path=str(TEST_ROOT / "lxc"),
+        lock_dir=str(TEST_ROOT / "locks"),
+        bridge="lbtest0",
+        subnet=SUBNET,
+        nft_table="lebureau_test",
+        veth_prefix="lbt",
+    )
+    spec = _spec(client_key)
+    with pytest.raises(DriverError, match="has it"):
+        clashing.provision(spec)
+    clashing.destroy(spec.key)
+
+
 def test_desktops_cannot_reach_each_other_but_the_host_reaches_both(desktops, client_key, host_listener):
     _, a = desktops()
     _, b = desktops()
@@ -246,6 +327,13 @@ def test_memory_and_cpu_caps_are_in_the_container_cgroup(desktops):
     assert int(quota.read_text()) == 200_000
 
 
+def test_the_memory_cap_holds_against_a_real_allocation(desktops, client_key):
+    _, status = desktops(memory_mib=256)
+    code, _, _ = ssh(status.private_ip, client_key, "python3 -c \"b = b'x' * (400 * 1024 * 1024)\"")
+    assert code != 0, "a 256 MiB desktop allocated 400 MiB"
+    assert ssh(status.private_ip, client_key, "python3 -c \"b = b'x' * (50 * 1024 * 1024)\"")[0] == 0
+
+
 def test_containers_are_unprivileged(desktops, client_key):
     _, status = desktops()
     code, out, _ = ssh(status.private_ip, client_key, "cat /proc/self/uid_map", user="root")
@@ -254,11 +342,81 @@ def test_containers_are_unprivileged(desktops, client_key):
     assert (inside, outside) == ("0", "100000")
 
 
-def test_internet_policy_keeps_the_host_reachable(lxc_driver, desktops, client_key):
+@pytest.fixture
+def outside():
+    """A network namespace standing for the internet, reached from desktops through the host's routing."""
+    ns, link = "lbtest-outside", "lbtout0"
+
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "link", "del", link], capture_output=True)
+    ip("netns", "add", ns)
+    ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    ip("addr", "add", "10.216.0.1/30", "dev", link)
+    ip("link", "set", link, "up")
+    ip("-n", ns, "addr", "add", "10.216.0.2/30", "dev", "eth0")
+    ip("-n", ns, "link", "set", "eth0", "up")
+    ip("-n", ns, "route", "add", "default", "via", "10.216.0.1")
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", OUTSIDE_SERVER], stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout.readline().strip() == "listening"
+    yield "10.216.0.2"
+    server.kill()
+    server.wait()
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "link", "del", link], capture_output=True)
+
+
+OUTSIDE_SERVER = """
+import socket
+server = socket.create_server(("0.0.0.0", 8080))
+print("listening", flush=True)
+while True:
+    server.accept()[0].close()
+"""
+
+
+def test_network_policy_controls_egress_with_real_packets(
+    lxc_driver, desktops, client_key, outside, host_listener
+):
     spec, status = desktops()
+
+    def reaches_outside() -> bool:
+        return ssh(status.private_ip, client_key, PROBE.format(outside, 8080))[0] == 0
+
+    assert reaches_outside(), "with the default policy a desktop reaches the internet"
     lxc_driver.apply_network_policy(spec.key, NetworkPolicy(allow_internet=False))
+    assert not reaches_outside()
+    # The host keeps reaching the desktop, and the desktop its host port.
     assert banner(status.private_ip, 22).startswith(b"SSH-")
-    assert lxc_driver.status(spec.key).state == InstanceState.RUNNING
+    assert ssh(status.private_ip, client_key, PROBE.format(GATEWAY, HOST_PORT))[0] == 0
+    assert host_listener == [status.private_ip]
+    lxc_driver.apply_network_policy(
+        spec.key, NetworkPolicy(allow_internet=False, allowed_cidrs=(f"{outside}/32",))
+    )
+    assert reaches_outside(), "an allowed CIDR is reachable without the internet"
+    lxc_driver.apply_network_policy(spec.key, NetworkPolicy())
+    assert reaches_outside()
+
+
+def test_a_bad_allowed_cidr_is_refused(lxc_driver, desktops):
+    spec, _ = desktops()
+    with pytest.raises(DriverError, match="not an IPv4 network"):
+        lxc_driver.apply_network_policy(
+            spec.key, NetworkPolicy(allow_internet=False, allowed_cidrs=("nope",))
+        )
+
+
+def test_bad_keys_and_missing_images_fail_permanently(lxc_driver, client_key):
+    with pytest.raises(DriverError, match="not a valid desktop key") as raised:
+        lxc_driver.status("../etc")
+    assert not raised.value.transient
+    with pytest.raises(DriverError, match="not built on this host") as raised:
+        lxc_driver.provision(_spec(client_key, image_profile="nosuchprofile"))
+    assert not raised.value.transient
 
 
 def test_vnc_serves_a_screen_with_the_session_on_it(desktops):
@@ -320,3 +478,22 @@ def grab_framebuffer(ip: str) -> tuple[int, int, bytes]:
                 start = ((y + row) * width + x) * 4
                 framebuffer[start : start + w * 4] = data[row * w * 4 : (row + 1) * w * 4]
         return width, height, bytes(framebuffer)
+
+
+@pytest.mark.skipif(
+    not (IMAGES_DIR / "full" / "current" / "image.json").is_file(),
+    reason="the full golden image is not built: run image-build/build.sh full",
+)
+def test_full_profile_has_the_agent_runtime_and_xfce(desktops, client_key):
+    _, status = desktops(image_profile="full", memory_mib=2048, disk_gib=4)
+    code, out, err = ssh(
+        status.private_ip, client_key, "node --version && openclaw --version && which chromium"
+    )
+    assert code == 0, err
+    version = out.splitlines()[0]
+    assert int(version.lstrip("v").split(".")[0]) >= 24, version
+    assert "OpenClaw" in out
+    deadline = time.monotonic() + 30
+    while ssh(status.private_ip, client_key, "pgrep -x xfce4-panel")[0] != 0:
+        assert time.monotonic() < deadline, "the XFCE panel did not start"
+        time.sleep(1)

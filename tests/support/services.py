@@ -16,17 +16,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while not port_open(port):
         if process.poll() is not None:
             raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {port}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on {port}")
+        time.sleep(0.05)
 
 
 @contextmanager

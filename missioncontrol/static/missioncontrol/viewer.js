@@ -1,0 +1,178 @@
+// The desktop viewer: live screen (noVNC), terminal (xterm.js), view / control toggle.
+// Both relays need a short-lived session token, minted by the API for the signed-in user.
+import RFB from "../vendor/novnc/core/rfb.js";
+import { Terminal } from "../vendor/xterm/xterm.mjs";
+import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
+
+const root = document.getElementById("viewer");
+const desktopId = root.dataset.desktop;
+const canControl = root.dataset.canControl === "true";
+const csrf = document.querySelector("[name=csrfmiddlewaretoken]").value;
+const wsBase = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}`;
+const ACK_EVERY = 32 * 1024; // the terminal relay pauses when too much output is unacknowledged
+
+let mode = canControl ? "control" : "view";
+let rfb = null;
+let terminalSocket = null;
+let retryDelay = 1000;
+let retryTimer = null;
+
+const screenStatus = document.getElementById("screen-status");
+const terminalStatus = document.getElementById("terminal-status");
+const stateBadge = document.getElementById("state");
+
+function show(el, text) {
+  el.textContent = text;
+  el.hidden = !text;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(`/api/desktops/${desktopId}${path}`, {
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
+    ...options,
+  });
+  const body = response.status === 204 ? {} : await response.json();
+  if (!response.ok) throw new Error(body.error ? body.error.message : `HTTP ${response.status}`);
+  return body;
+}
+
+async function desktopState() {
+  const desktop = await api("");
+  stateBadge.textContent = desktop.state;
+  stateBadge.className = `badge ${desktop.state}`;
+  return desktop.state;
+}
+
+// The screen
+
+function connectScreen(session) {
+  const screen = new RFB(document.getElementById("screen"), `${wsBase}${session.vncUrl}`, { shared: true });
+  rfb = screen;
+  screen.viewOnly = mode === "view";
+  screen.scaleViewport = true;
+  screen.background = "#111";
+  screen.addEventListener("connect", () => {
+    retryDelay = 1000;
+    show(screenStatus, "");
+    screen.focus();
+  });
+  screen.addEventListener("disconnect", () => {
+    if (rfb !== screen) return; // replaced on purpose (mode switch, reconnect)
+    rfb = null;
+    scheduleReconnect("The screen connection was lost.");
+  });
+}
+
+// The terminal
+
+const term = new Terminal({ cursorBlink: true, fontSize: 13, scrollback: 5000 });
+const fit = new FitAddon();
+term.loadAddon(fit);
+term.open(document.getElementById("terminal"));
+fit.fit();
+window.addEventListener("resize", () => fit.fit());
+
+let drawnSinceAck = 0;
+term.onData((data) => send({ type: "input", data }));
+term.onResize(({ cols, rows }) => send({ type: "resize", cols, rows }));
+
+function send(message) {
+  if (terminalSocket && terminalSocket.readyState === WebSocket.OPEN) terminalSocket.send(JSON.stringify(message));
+}
+
+function connectTerminal(session) {
+  const url = `${wsBase}${session.terminalUrl}&cols=${term.cols}&rows=${term.rows}`;
+  const socket = new WebSocket(url);
+  socket.binaryType = "arraybuffer";
+  terminalSocket = socket;
+  term.options.disableStdin = mode === "view";
+  socket.onopen = () => show(terminalStatus, "");
+  socket.onmessage = (event) => {
+    const chunk = new Uint8Array(event.data);
+    // Acknowledge only once xterm.js has drawn the bytes: that is the page keeping up.
+    term.write(chunk, () => {
+      drawnSinceAck += chunk.length;
+      if (drawnSinceAck >= ACK_EVERY) {
+        send({ type: "ack", bytes: drawnSinceAck });
+        drawnSinceAck = 0;
+      }
+    });
+  };
+  socket.onclose = (event) => {
+    if (terminalSocket !== socket) return;
+    terminalSocket = null;
+    show(terminalStatus, event.reason || "The terminal connection was lost.");
+    if (event.code !== 4403 && event.code !== 4401) scheduleReconnect(event.reason);
+  };
+}
+
+// Connecting, and reconnecting after a blip
+
+function disconnectAll() {
+  const screen = rfb;
+  rfb = null;
+  if (screen) screen.disconnect();
+  if (terminalSocket) {
+    const socket = terminalSocket;
+    terminalSocket = null;
+    socket.close();
+  }
+}
+
+async function connect() {
+  clearTimeout(retryTimer);
+  disconnectAll();
+  let state;
+  try {
+    state = await desktopState();
+  } catch (error) {
+    return scheduleReconnect(`Mission Control is not reachable (${error.message}).`);
+  }
+  if (state !== "running") {
+    const message = `The desktop is ${state}. The screen and terminal come back when it runs again.`;
+    show(screenStatus, message);
+    show(terminalStatus, message);
+    retryTimer = setTimeout(connect, 5000);
+    return;
+  }
+  show(screenStatus, "Connecting to the screen…");
+  show(terminalStatus, "Connecting to the terminal…");
+  try {
+    const session = await api("/sessions", { method: "POST", body: JSON.stringify({ mode }) });
+    connectScreen(session);
+    connectTerminal(session);
+  } catch (error) {
+    show(screenStatus, error.message);
+    show(terminalStatus, error.message);
+  }
+}
+
+function scheduleReconnect(reason) {
+  clearTimeout(retryTimer);
+  show(screenStatus, `${reason || "Disconnected."} Reconnecting in ${Math.round(retryDelay / 1000)} s…`);
+  retryTimer = setTimeout(connect, retryDelay);
+  retryDelay = Math.min(retryDelay * 2, 30000);
+}
+
+// Controls
+
+function setMode(next) {
+  mode = next;
+  document.getElementById("mode-view").setAttribute("aria-pressed", String(mode === "view"));
+  document.getElementById("mode-control").setAttribute("aria-pressed", String(mode === "control"));
+  connect(); // a new token for the new mode: the relays enforce it, not this page
+}
+document.getElementById("mode-view").addEventListener("click", () => setMode("view"));
+document.getElementById("mode-control").addEventListener("click", () => canControl && setMode("control"));
+document.getElementById("fullscreen").addEventListener("click", () => document.getElementById("screen").requestFullscreen());
+document.getElementById("clipboard-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const field = document.getElementById("clipboard-text");
+  if (rfb && mode === "control") {
+    rfb.clipboardPasteFrom(field.value);
+    field.value = "";
+  }
+});
+
+connect();
