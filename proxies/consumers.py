@@ -21,7 +21,7 @@ from proxies.rfb import ClientStreamFilter, RfbViolation
 from proxies.sessions import Mode, RelayDenied, relay_grant_check, relay_grant_recheck
 from workers.ssh import desktop_ssh_connect
 
-CHUNK = 64 * 1024
+CHUNK = 256 * 1024
 
 
 class RelayConsumer(AsyncWebsocketConsumer):
@@ -79,13 +79,42 @@ class RelayConsumer(AsyncWebsocketConsumer):
         raise NotImplementedError
 
 
+class _DesktopScreen(asyncio.Protocol):
+    """The TCP side of a VNC relay: hands each chunk the kernel gives over as it is, without
+    the copies of a stream reader, and stops reading while the browser side is behind."""
+
+    MAX_QUEUED = 4
+
+    def __init__(self):
+        self.chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.chunks.put_nowait(data)
+        if self.chunks.qsize() >= self.MAX_QUEUED:
+            self.transport.pause_reading()
+
+    def connection_lost(self, exc):
+        self.chunks.put_nowait(b"")
+
+    async def next_chunk(self) -> bytes:
+        data = await self.chunks.get()
+        if self.chunks.qsize() < self.MAX_QUEUED and not self.transport.is_closing():
+            self.transport.resume_reading()
+        return data
+
+
 class VncRelayConsumer(RelayConsumer):
     """noVNC's RFB over a WebSocket <-> the desktop's VNC server over TCP."""
 
     async def open_backend(self, host):
+        loop = asyncio.get_running_loop()
         try:
-            self.reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(host, settings.DESKTOP_VNC_PORT), timeout=5
+            self.transport, self.screen = await asyncio.wait_for(
+                loop.create_connection(_DesktopScreen, host, settings.DESKTOP_VNC_PORT), timeout=5
             )
         except (OSError, TimeoutError) as exc:
             raise RelayDenied(4502, "The desktop's screen is not answering.") from exc
@@ -93,11 +122,8 @@ class VncRelayConsumer(RelayConsumer):
         self.pump = asyncio.create_task(self._desktop_to_browser())
 
     async def _desktop_to_browser(self):
-        try:
-            while data := await self.reader.read(CHUNK):
-                await self.send(bytes_data=data)
-        except ConnectionError:
-            pass
+        while data := await self.screen.next_chunk():
+            await self.send(bytes_data=data)
         await self.deny(RelayDenied(4502, "The desktop closed its screen."))
 
     async def receive(self, text_data=None, bytes_data=None):
@@ -109,12 +135,11 @@ class VncRelayConsumer(RelayConsumer):
             await self.deny(RelayDenied(4400, f"Not a VNC message the relay accepts: {exc}."))
             return
         if data:
-            self.writer.write(data)
-            await self.writer.drain()
+            self.transport.write(data)
 
     async def close_backend(self):
         self.pump.cancel()
-        self.writer.close()
+        self.transport.close()
 
 
 class TerminalRelayConsumer(RelayConsumer):

@@ -1,7 +1,5 @@
 import os
-import subprocess
 import sys
-import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +13,7 @@ from desktops.models import Role
 from lebureau.celery import app as celery_app
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.directory_driver import DirectoryDriver
-from tests.support.services import free_port, port_open
+from tests.support.services import free_port, port_open, service_process
 from workers.drivers import get_driver
 
 TEST_DRIVER = "tests.support.directory_driver.DirectoryDriver"
@@ -104,25 +102,6 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
         "CONTROL_PLANE_SSH_KEY": str(settings.CONTROL_PLANE_SSH_KEY),
         **extra,
     }
-
-
-@contextmanager
-def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Path, ready):
-    """Run one of the control plane's processes for the suite, until `ready()` is true."""
-    log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (lives with the process)
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not ready():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"{name} did not start; see {log.name}")
-        time.sleep(0.2)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,15 @@ def lxc_driver():
         driver.destroy(leftover.key)
     for orphan in (TEST_ROOT / "desktops").glob("*/meta.json"):
         driver.destroy(orphan.parent.name)
-    return driver
+    yield driver
+    remove_network("lbtest0", "lebureau_test")
+
+
+def remove_network(bridge: str, table: str) -> None:
+    """The test bridge and firewall go with the tests; the driver makes them again when needed."""
+    for family in ("inet", "bridge"):
+        subprocess.run(["nft", "delete", "table", family, table], capture_output=True)
+    subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -43,6 +45,25 @@ def running(args: list[str], port: int, **kwargs):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@contextmanager
+def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Path, ready):
+    """Run one of the control plane's processes for the suite, until `ready()` is true."""
+    log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (lives with the process)
+    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not ready():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"{name} did not start; see {log.name}")
+        time.sleep(0.2)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
 
 
 @contextmanager

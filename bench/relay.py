@@ -1,0 +1,275 @@
+"""Relay benchmark: the VNC and terminal relays against going straight to the desktop.
+
+    .venv/bin/python bench/relay.py [--updates 40] [--pings 2000] [--keystrokes 300]
+
+Runs a real Xvnc (1920x1080, an xterm on it) and sshd on loopback, and the control plane's own
+daphne in front of them, exactly as a desktop is served. Prints, in one run:
+  - throughput of full-screen framebuffer updates, through the relay vs straight TCP, both as
+    Raw pixels (the relay's worst case: no encoding work, pure copying) and as ZRLE (compressed,
+    as VNC viewers ask for it);
+  - round trip of a small request (a 1x1 non-incremental update), p50 / p99, relay vs direct;
+  - terminal keystroke echo through the relay (p50 / p99) vs a direct SSH channel.
+It uses the development database (`make setup`) and removes the rows it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import websockets  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from desktops.audit import Actor  # noqa: E402
+from desktops.models import Desktop, DesktopState, Membership, Plan, Role, Workspace  # noqa: E402
+from proxies.sessions import relay_session_create  # noqa: E402
+from tests.support import services as real  # noqa: E402
+from tests.support.services import service_process  # noqa: E402
+from workers.ssh import control_plane_public_key, desktop_ssh_connect  # noqa: E402
+
+WIDTH, HEIGHT = 1920, 1080
+HANDSHAKE = b"RFB 003.008\n" + b"\x01" + b"\x01"
+RAW_32BPP = bytes([0, 0, 0, 0, 32, 24, 0, 1, 0, 255, 0, 255, 0, 255, 16, 8, 0, 0, 0, 0])
+RAW, ZRLE = 0, 16
+
+
+def update_request(incremental: int, w: int, h: int) -> bytes:
+    return struct.pack(">BBHHHH", 3, incremental, 0, 0, w, h)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+class RfbReader:
+    """Reads server messages from a byte source; only what these requests can produce."""
+
+    def __init__(self, recv):
+        self.recv = recv
+        self.buffer = bytearray()
+
+    async def exactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            self.buffer += await self.recv()
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    async def handshake(self, send, encoding: int) -> None:
+        await self.exactly(12)
+        await send(b"RFB 003.008\n")
+        count = (await self.exactly(1))[0]
+        await self.exactly(count)
+        await send(b"\x01")
+        await self.exactly(4)
+        await send(b"\x01")
+        header = await self.exactly(24)
+        await self.exactly(struct.unpack(">I", header[20:24])[0])
+        await send(RAW_32BPP + struct.pack(">BxHi", 2, 1, encoding))
+
+    async def update(self) -> int:
+        """One FramebufferUpdate of Raw or ZRLE rectangles; returns its size in bytes."""
+        while True:
+            kind = (await self.exactly(1))[0]
+            if kind == 0:
+                break
+            if kind == 3:  # ServerCutText
+                await self.exactly(7 + struct.unpack(">I", (await self.exactly(7))[3:7])[0] - 7)
+            elif kind == 2:  # Bell
+                continue
+        rects = struct.unpack(">xH", await self.exactly(3))[0]
+        size = 4
+        for _ in range(rects):
+            _, _, w, h, encoding = struct.unpack(">HHHHi", await self.exactly(12))
+            # A ZRLE rectangle is its compressed length, then that many bytes.
+            length = w * h * 4 if encoding == RAW else struct.unpack(">I", await self.exactly(4))[0] + 4
+            await self.exactly(length - 4 if encoding == ZRLE else length)
+            size += 12 + length
+        return size
+
+
+async def measure(
+    reader: RfbReader, send, updates: int, pings: int, encoding: int
+) -> tuple[float, list[float]]:
+    await reader.handshake(send, encoding)
+    await send(update_request(0, WIDTH, HEIGHT))
+    await reader.update()  # warm-up
+    # Request, then read the whole update, as a viewer does (a server merges outstanding requests).
+    start, total = time.perf_counter(), 0
+    for _ in range(updates):
+        await send(update_request(0, WIDTH, HEIGHT))
+        total += await reader.update()
+    throughput = total / (time.perf_counter() - start)
+    rtts = []
+    for _ in range(pings):
+        t0 = time.perf_counter()
+        await send(update_request(0, 1, 1))
+        await reader.update()
+        rtts.append((time.perf_counter() - t0) * 1000)
+    return throughput, rtts
+
+
+async def direct(port: int, updates: int, pings: int, encoding: int):
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+
+    async def send(data):
+        w.write(data)
+        await w.drain()
+
+    try:
+        return await measure(RfbReader(lambda: r.read(262144)), send, updates, pings, encoding)
+    finally:
+        w.close()
+
+
+async def relayed(url: str, updates: int, pings: int, encoding: int):
+    async with websockets.connect(url, max_size=None, origin="http://127.0.0.1") as ws:
+        return await measure(RfbReader(ws.recv), ws.send, updates, pings, encoding)
+
+
+async def terminal_echo(url: str, keystrokes: int) -> list[float]:
+    import json
+
+    async with websockets.connect(url, max_size=None, origin="http://127.0.0.1") as ws:
+        await ws.send(json.dumps({"type": "input", "data": "stty raw -echo; cat\n"}))
+        await asyncio.sleep(1)
+        while True:  # drain the banner and prompt
+            try:
+                await asyncio.wait_for(ws.recv(), 0.3)
+            except TimeoutError:
+                break
+        times = []
+        for i in range(keystrokes):
+            key = "abcdefghij"[i % 10]
+            t0 = time.perf_counter()
+            await ws.send(json.dumps({"type": "input", "data": key}))
+            while key.encode() not in await ws.recv():
+                pass
+            times.append((time.perf_counter() - t0) * 1000)
+        return times
+
+
+def direct_echo(desktop_id: str, keystrokes: int) -> list[float]:
+    with desktop_ssh_connect(desktop_id=desktop_id, host="127.0.0.1") as ssh:
+        channel = ssh.invoke_shell()
+        channel.sendall(b"stty raw -echo; cat\n")
+        time.sleep(1)
+        while channel.recv_ready():
+            channel.recv(65536)
+        times = []
+        for i in range(keystrokes):
+            key = "abcdefghij"[i % 10].encode()
+            t0 = time.perf_counter()
+            channel.sendall(key)
+            while key not in channel.recv(1024):
+                pass
+            times.append((time.perf_counter() - t0) * 1000)
+        return times
+
+
+def mint(user, desktop) -> str:
+    return relay_session_create(actor=Actor(user=user), desktop_id=desktop.id, mode="control").token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--pings", type=int, default=2000)
+    parser.add_argument("--keystrokes", type=int, default=300)
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-relay-"))
+    user = django.contrib.auth.get_user_model().objects.create_user(
+        f"bench-{os.getpid()}", f"bench-{os.getpid()}@example.com", None
+    )
+    workspace = Workspace.objects.create(name="relay bench")
+    Membership.objects.create(workspace=workspace, user=user, role=Role.MEMBER)
+    desktop = Desktop.objects.create(
+        workspace=workspace,
+        plan=Plan.objects.first(),
+        name="relay-bench",
+        driver="bench",
+        state=DesktopState.RUNNING,
+        private_ip="127.0.0.1",
+    )
+    try:
+        with (
+            real.xvnc(geometry=f"{WIDTH}x{HEIGHT}") as (_, vnc_port),
+            real.sshd(workdir, control_plane_public_key()) as ssh_port,
+        ):
+            settings.DESKTOP_SSH_PORT, settings.DESKTOP_SSH_USER = ssh_port, "root"
+            port = real.free_port()
+            env = {
+                **os.environ,
+                "DESKTOP_VNC_PORT": str(vnc_port),
+                "DESKTOP_SSH_PORT": str(ssh_port),
+                "DESKTOP_SSH_USER": "root",
+            }
+            daphne = [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "lebureau.asgi:application",
+            ]
+            with service_process("daphne", daphne, env, workdir, lambda: real.port_open(port)):
+                base = f"ws://127.0.0.1:{port}/ws/desktops/{desktop.id}"
+                runs = {}
+                for name, encoding in (("Raw", RAW), ("ZRLE", ZRLE)):
+                    direct_run = asyncio.run(direct(vnc_port, args.updates, args.pings, encoding))
+                    url = f"{base}/vnc?token={mint(user, desktop)}"
+                    runs[name] = (direct_run, asyncio.run(relayed(url, args.updates, args.pings, encoding)))
+                r_echo = asyncio.run(
+                    terminal_echo(f"{base}/terminal?token={mint(user, desktop)}", args.keystrokes)
+                )
+                d_echo = direct_echo(desktop.id, args.keystrokes)
+    finally:
+        desktop.delete()
+        workspace.delete()
+        user.delete()
+
+    mib = 1024 * 1024
+    for name, ((d_tp, _), (r_tp, _)) in runs.items():
+        print(f"VNC full-screen {name} updates ({WIDTH}x{HEIGHT}, 32 bpp, {args.updates} updates)")
+        print(f"  direct TCP : {d_tp / mib:8.1f} MiB/s")
+        print(f"  via relay  : {r_tp / mib:8.1f} MiB/s  ({100 * r_tp / d_tp:.0f}% of direct; target >= 80%)")
+    (_, d_rtt), (_, r_rtt) = runs["Raw"]
+    print(f"Small request round trip ({args.pings} x 1x1 update)")
+    print(f"  direct TCP : p50 {statistics.median(d_rtt):.3f} ms  p99 {percentile(d_rtt, 0.99):.3f} ms")
+    print(f"  via relay  : p50 {statistics.median(r_rtt):.3f} ms  p99 {percentile(r_rtt, 0.99):.3f} ms")
+    added = statistics.median(r_rtt) - statistics.median(d_rtt)
+    print(
+        f"  added      : p50 {added:.3f} ms  p99 {percentile(r_rtt, 0.99) - percentile(d_rtt, 0.99):.3f} ms"
+        "  (target <= 2 ms at p50)"
+    )
+    print(f"Terminal keystroke echo ({args.keystrokes} keys)")
+    print(f"  direct SSH : p50 {statistics.median(d_echo):.3f} ms  p99 {percentile(d_echo, 0.99):.3f} ms")
+    print(
+        f"  via relay  : p50 {statistics.median(r_echo):.3f} ms  p99 {percentile(r_echo, 0.99):.3f} ms"
+        "  (target p50 <= 10 ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()
