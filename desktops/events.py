@@ -6,6 +6,7 @@ commits. Consumers (relays, live pages) join the groups named here.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
 
 from asgiref.sync import async_to_sync
@@ -38,9 +39,23 @@ class AccessChanged:
     type: str = "access.changed"
 
 
-def _send_on_commit(group: str, event) -> None:
+_pending: set[asyncio.Task] = set()
+
+
+def _send(group: str, payload: dict) -> None:
     layer = get_channel_layer()
-    transaction.on_commit(lambda: async_to_sync(layer.group_send)(group, asdict(event)))
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        async_to_sync(layer.group_send)(group, payload)
+    else:  # called from code running on an event loop: never block that loop
+        task = loop.create_task(layer.group_send(group, payload))
+        _pending.add(task)  # keep a reference until it is done, as asyncio asks
+        task.add_done_callback(_pending.discard)
+
+
+def _send_on_commit(group: str, event) -> None:
+    transaction.on_commit(lambda: _send(group, asdict(event)))
 
 
 def publish_state_change(event: DesktopStateChanged) -> None:

@@ -7,12 +7,14 @@ Every transition is a conditional UPDATE on the current state, so two workers
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
 
 from desktops.audit import SYSTEM, Actor, audit_record
+from desktops.crypto import api_token_hash
 from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.models import AuditEvent, Desktop, DesktopEvent
 from desktops.models import DesktopState as S
@@ -21,6 +23,8 @@ from workers.drivers.base import DriverError, InstanceSpec, InstanceState
 from workers.ssh import control_plane_public_key
 
 logger = logging.getLogger(__name__)
+
+AGENT_TOKEN_PATH = "/etc/bureau/token"  # noqa: S105 (a path, not a secret)
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,10 @@ def transition(
     return True
 
 
-def instance_spec(desktop: Desktop) -> InstanceSpec:
-    return InstanceSpec(
+def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
+    """What the engine needs to build the desktop, and the hash of the helper token put in it."""
+    token = secrets.token_urlsafe(32)
+    spec = InstanceSpec(
         key=desktop.id,
         hostname=desktop.name,
         vcpus=desktop.plan.vcpus,
@@ -97,7 +103,10 @@ def instance_spec(desktop: Desktop) -> InstanceSpec:
         disk_gib=desktop.plan.disk_gib,
         ssh_public_key=control_plane_public_key(),
         image_profile=desktop.image_profile,
+        # The `bureau` helper's desktop-scoped credential for the control plane's callback API.
+        files={AGENT_TOKEN_PATH: token + "\n"},
     )
+    return spec, api_token_hash(token)
 
 
 def desktop_run_step(*, desktop_id: str, action: str) -> None:
@@ -112,7 +121,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
     if desktop is None or desktop.state != step.via:
         logger.info("skip %s of %s: state is %s", action, desktop_id, desktop and desktop.state)
         return
-    driver = get_driver()
+    driver = get_driver(desktop.driver)
     try:
         if action == "destroy":
             driver.destroy(desktop.id)
@@ -121,10 +130,18 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
             )
             return
         # A desktop whose first provision failed has no instance yet: starting it provisions it.
-        if action == "provision" or not desktop.driver_ref:
-            status = driver.provision(instance_spec(desktop))
+        fresh = action == "provision" or not desktop.driver_ref
+        if fresh:
+            spec, token_hash = instance_spec(desktop)
+            status = driver.provision(spec)
+            # A new instance has new host keys and a new helper token.
+            first_boot = {
+                "ssh_host_key": "",
+                "agent_token_hash": token_hash,
+                "image": driver.image_metadata(desktop.id),
+            }
         else:
-            status = getattr(driver, action)(desktop.id)
+            status, first_boot = getattr(driver, action)(desktop.id), {}
     except DriverError as exc:
         if exc.transient:
             raise
@@ -138,6 +155,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
         private_ip=status.private_ip,
         driver_ref=status.ref or desktop.id,
         last_error="",
+        **first_boot,
     )
     if not done and action == "provision":
         # A destroy overtook this provision; make sure what was just built does not outlive it.
@@ -147,10 +165,12 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
 def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
     """Record a failed step; a failed provision first removes whatever it had built."""
     step = TRANSITIONS[action]
-    never_provisioned = Desktop.objects.filter(id=desktop_id, driver_ref="").exists()
-    if action != "destroy" and never_provisioned:
+    desktop = Desktop.objects.filter(id=desktop_id).values("driver", "driver_ref").first()
+    if desktop is None:
+        return
+    if action != "destroy" and not desktop["driver_ref"]:  # never provisioned: leave nothing behind
         try:
-            get_driver().destroy(desktop_id)
+            get_driver(desktop["driver"]).destroy(desktop_id)
         except DriverError as exc:
             message = f"{message} (clean-up pending: {exc.message})"
     transition(
@@ -164,11 +184,17 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
 
 
 def reconcile() -> dict[str, list[str]]:
-    """Compare the engine with the database; report drift and orphans, never delete on a guess."""
-    instances = {i.key: i for i in get_driver().list_instances()}
-    desktops = Desktop.objects.filter(driver=driver_name()).exclude(state=S.DESTROYED)
-    known = dict(desktops.values_list("id", "state"))
+    """Compare every engine in use with the database; report drift and orphans, never delete on a guess."""
+    live = Desktop.objects.exclude(state=S.DESTROYED)
+    engines = set(live.values_list("driver", flat=True).distinct()) | {driver_name()}
     report: dict[str, list[str]] = {"drift": [], "orphans": [], "vanished": []}
+    for engine in sorted(engines):
+        _reconcile_engine(engine, dict(live.filter(driver=engine).values_list("id", "state")), report)
+    return report
+
+
+def _reconcile_engine(engine: str, known: dict[str, str], report: dict[str, list[str]]) -> None:
+    instances = {i.key: i for i in get_driver(engine).list_instances()}
     for key, state in known.items():
         instance = instances.get(key)
         expected = STEADY.get(state)
@@ -192,5 +218,4 @@ def reconcile() -> dict[str, list[str]]:
         report["orphans"].append(key)
         logger.warning("orphan instance %s has no live desktop", key)
         if not AuditEvent.objects.filter(action="reconcile.orphan", target=key).exists():
-            audit_record(actor=SYSTEM, action="reconcile.orphan", target=key)
-    return report
+            audit_record(actor=SYSTEM, action="reconcile.orphan", target=key, engine=engine)

@@ -158,6 +158,16 @@ CHANNEL_LAYERS = {
 
 # Which compute engine runs the desktops: a registered name ("lxc", "proxmox") or a dotted path.
 COMPUTE_DRIVER = env.str("COMPUTE_DRIVER", "lxc")
+# The LXC engine (one machine): golden images, per-desktop state, its bridge, subnet and firewall table.
+LXC_IMAGES_DIR = env.str("LXC_IMAGES_DIR", "/var/lib/lebureau/images")
+LXC_STATE_DIR = env.str("LXC_STATE_DIR", "/var/lib/lebureau/desktops")
+LXC_PATH = env.str("LXC_PATH", "/var/lib/lebureau/lxc")
+LXC_BRIDGE = env.str("LXC_BRIDGE", "lbbr0")
+LXC_SUBNET = env.str("LXC_SUBNET", "10.213.0.0/24")
+LXC_NFT_TABLE = env.str("LXC_NFT_TABLE", "lebureau")
+LXC_VETH_PREFIX = env.str("LXC_VETH_PREFIX", "lbv")
+# Ports of this host that desktops may open: the control plane's web port, for the `bureau` helper.
+LXC_HOST_TCP_PORTS = tuple(env.list("LXC_HOST_TCP_PORTS", [8000], subcast=int))
 # Where the control plane keeps its SSH key pair for reaching desktops.
 CONTROL_PLANE_SSH_KEY = env.path("CONTROL_PLANE_SSH_KEY", BASE_DIR / "var" / "ssh" / "id_ed25519")
 # Transient driver errors are retried with exponential backoff, this many times, waiting at most this long.
@@ -170,7 +180,7 @@ DESKTOP_VNC_PORT = env.int("DESKTOP_VNC_PORT", 5900)
 DESKTOP_SSH_PORT = env.int("DESKTOP_SSH_PORT", 22)
 DESKTOP_SSH_USER = env.str("DESKTOP_SSH_USER", "agent")
 DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
-DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "minimal")
+DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
 
 LOGGING = {
     "version": 1,

@@ -9,9 +9,10 @@ from django.conf import settings
 from django.test import override_settings
 from rest_framework.test import APIClient
 
-from desktops.models import Role
+from desktops.models import Desktop, Role
 from lebureau.celery import app as celery_app
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
+from tests.support.desktops import act, wait_for_state
 from tests.support.directory_driver import DirectoryDriver
 from tests.support.services import free_port, port_open, service_process
 from workers.drivers import get_driver
@@ -21,6 +22,17 @@ TEST_DRIVER = "tests.support.directory_driver.DirectoryDriver"
 TEST_BROKER = os.environ.get("TEST_CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 TEST_QUEUE = f"test-{uuid.uuid4().hex[:8]}"
 ROOT = Path(__file__).resolve().parent.parent
+# Desktops made through the API in tests get an LXC network and state of their own, apart from the
+# driver suite's and from a control plane running on this host.
+LXC_IMAGE = Path("/var/lib/lebureau/images/minimal/current/image.json")
+LXC_TEST_SETTINGS = {
+    "LXC_STATE_DIR": "/var/lib/lebureau/test-api/desktops",
+    "LXC_PATH": "/var/lib/lebureau/test-api/lxc",
+    "LXC_BRIDGE": "lbapi0",
+    "LXC_SUBNET": "10.215.0.0/24",
+    "LXC_NFT_TABLE": "lebureau_api",
+    "LXC_VETH_PREFIX": "lba",
+}
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +112,7 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
         "COMPUTE_DRIVER": TEST_DRIVER,
         "TEST_DRIVER_DIR": str(driver_dir),
         "CONTROL_PLANE_SSH_KEY": str(settings.CONTROL_PLANE_SSH_KEY),
+        **LXC_TEST_SETTINGS,
         **extra,
     }
 
@@ -125,6 +138,33 @@ def web_server(driver_dir: Path, basetemp: Path, **extra: str):
     env = service_env(driver_dir, basetemp, **extra)
     with service_process(f"daphne-{port}", args, env, basetemp, lambda: port_open(port)):
         yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def lxc_test_engine(django_db_setup, django_db_blocker):
+    """The API tests' LXC engine, cleared of what an interrupted earlier run left behind."""
+    from workers.drivers.lxc import LxcDriver
+
+    with override_settings(**LXC_TEST_SETTINGS), django_db_blocker.unblock():
+        driver = LxcDriver.from_settings()
+        leftovers = {i.key for i in driver.list_instances()}
+        leftovers |= {path.parent.name for path in Path(driver.state_dir).glob("*/meta.json")}
+        for key in leftovers:
+            driver.destroy(key)
+    return driver
+
+
+@pytest.fixture
+def lxc_api(celery_worker, lxc_test_engine, members, plan, settings):
+    """A member's API client whose new desktops are real LXC desktops; destroys them afterwards."""
+    settings.COMPUTE_DRIVER = "lxc"
+    for name, value in LXC_TEST_SETTINGS.items():
+        setattr(settings, name, value)
+    client = client_for(key=api_key_for(members[Role.MEMBER]))
+    yield client
+    for desktop in Desktop.objects.exclude(state="destroyed"):
+        act(client, desktop.id, "destroy")
+        wait_for_state(desktop.id, "destroyed", "error", timeout=60)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,18 +12,9 @@ from desktops import lifecycle
 from desktops.models import AuditEvent, Desktop, DesktopEvent, Role
 from tests.conftest import client_for
 from tests.factories import api_key_for
+from tests.support.desktops import act, wait_for_state
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for_state(desktop_id: str, *states: str, timeout: float = 30) -> Desktop:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        desktop = Desktop.objects.get(id=desktop_id)
-        if desktop.state in states:
-            return desktop
-        time.sleep(0.05)
-    raise AssertionError(f"{desktop_id} stayed {desktop.state}, wanted {states}")
 
 
 @pytest.fixture
@@ -35,12 +26,6 @@ def create(api, name="agent-01"):
     response = api.post("/api/desktops", {"name": name}, format="json")
     assert response.status_code == 201, response.content
     return response.json()["id"]
-
-
-def act(api, desktop_id, step):
-    if step == "destroy":
-        return api.delete(f"/api/desktops/{desktop_id}")
-    return api.post(f"/api/desktops/{desktop_id}/{step}")
 
 
 def test_full_lifecycle(api, driver):

@@ -37,6 +37,7 @@ class DesktopSerializer(serializers.ModelSerializer):
             "state",
             "private_ip",
             "image_profile",
+            "image",
             "driver",
             "driver_ref",
             "last_error",

@@ -13,18 +13,17 @@ import os
 import secrets
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import paramiko
 import pytest
 
 from tests.drivers.contract import DriverContract
+from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
 from workers.drivers.lxc import LxcDriver
 
@@ -429,63 +428,10 @@ def test_bad_keys_and_missing_images_fail_permanently(lxc_driver, client_key):
 
 def test_vnc_serves_a_screen_with_the_session_on_it(desktops):
     _, status = desktops()
-    # VNC answers as soon as Xvnc listens; the terminal window follows within a few seconds.
-    deadline = time.monotonic() + 30
-    while True:
-        width, height, pixels = grab_framebuffer(status.private_ip)
-        colours = Counter(pixels[i : i + 4] for i in range(0, len(pixels), 4))
-        background = colours.most_common(1)[0][1]
-        drawn = 1 - background / (width * height)
-        # A blank screen (or one with only the pointer on it) is one colour; a terminal covers a lot.
-        if (drawn > 0.05 and len(colours) >= 16) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    width, height, drawn, colours = wait_for_a_drawn_screen(status.private_ip)
     assert (width, height) == (1280, 800)
     assert drawn > 0.05, f"only {drawn:.1%} of the screen differs from the background: no session on it"
-    assert len(colours) >= 16, f"the screen has {len(colours)} colours: no window with text on it"
-
-
-def grab_framebuffer(ip: str) -> tuple[int, int, bytes]:
-    """A minimal RFB 3.8 client: no authentication, 32-bit true colour, one Raw full-screen update."""
-    with socket.create_connection((ip, 5900), timeout=10) as conn:
-        conn.settimeout(10)
-
-        def read(n: int) -> bytes:
-            data = b""
-            while len(data) < n:
-                chunk = conn.recv(n - len(data))
-                if not chunk:
-                    raise ConnectionError("the VNC server closed the connection")
-                data += chunk
-            return data
-
-        version = read(12)
-        assert version.startswith(b"RFB 003.00"), version
-        conn.sendall(b"RFB 003.008\n")
-        types = read(read(1)[0])
-        assert 1 in types, f"security type None not offered: {list(types)}"
-        conn.sendall(b"\x01")
-        assert struct.unpack(">I", read(4))[0] == 0, "security handshake failed"
-        conn.sendall(b"\x01")  # ClientInit: shared, so the operator's viewer stays connected
-        width, height = struct.unpack(">HH", read(4))
-        read(16)  # the server's pixel format, replaced just below
-        read(struct.unpack(">I", read(4))[0])  # desktop name
-        pixel_format = struct.pack(">BBBBHHHBBBxxx", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
-        conn.sendall(b"\x00xxx" + pixel_format)  # SetPixelFormat
-        conn.sendall(struct.pack(">BxHi", 2, 1, 0))  # SetEncodings: Raw only
-        conn.sendall(struct.pack(">BBHHHH", 3, 0, 0, 0, width, height))  # FramebufferUpdateRequest
-        framebuffer = bytearray(width * height * 4)
-        message_type = read(1)[0]
-        assert message_type == 0, f"expected a FramebufferUpdate, got message type {message_type}"
-        read(1)
-        for _ in range(struct.unpack(">H", read(2))[0]):
-            x, y, w, h, encoding = struct.unpack(">HHHHi", read(12))
-            assert encoding == 0, f"expected Raw encoding, got {encoding}"
-            data = read(w * h * 4)
-            for row in range(h):
-                start = ((y + row) * width + x) * 4
-                framebuffer[start : start + w * 4] = data[row * w * 4 : (row + 1) * w * 4]
-        return width, height, bytes(framebuffer)
+    assert colours >= 16, f"the screen has {colours} colours: no window with text on it"
 
 
 @pytest.mark.skipif(

@@ -1,7 +1,7 @@
 """Open a running desktop's viewer in real Chromium, type into its screen and its terminal.
 
-The desktop here is a real Xvnc (with an xterm on it) and a real sshd on loopback;
-the LXC suite runs the same walk against a real LXC desktop.
+The desktop is a real LXC desktop made through the API by the Celery worker; the browser talks
+only to the control plane's daphne, which relays to the desktop's VNC server and sshd.
 """
 
 import time
@@ -9,61 +9,49 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from desktops.models import DesktopState, Role
-from tests.conftest import web_server
+from desktops.models import Role
+from tests.conftest import LXC_IMAGE, web_server
 from tests.e2e.conftest import log_in, screenshot
-from tests.factories import DesktopFactory, MembershipFactory
-from tests.support import services as real
-from workers.ssh import control_plane_public_key, desktop_ssh_connect
+from tests.factories import MembershipFactory
+from tests.support.desktops import provision, run
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.e2e,
+    pytest.mark.lxc,
+    pytest.mark.skipif(not LXC_IMAGE.is_file(), reason="no minimal golden image (make setup builds it)"),
+]
 PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(scope="module")
-def loopback_desktop(tmp_path_factory, driver_dir):
-    """Xvnc + sshd on loopback, and daphne configured to reach them as a desktop's services."""
-    workdir = tmp_path_factory.mktemp("loopback-desktop")
-    basetemp = tmp_path_factory.getbasetemp()
-    with (
-        real.xvnc(geometry="1024x640") as (display, vnc_port),
-        real.sshd(workdir, control_plane_public_key()) as ssh_port,
-        web_server(
-            driver_dir,
-            basetemp,
-            DESKTOP_VNC_PORT=str(vnc_port),
-            DESKTOP_SSH_PORT=str(ssh_port),
-            DESKTOP_SSH_USER="root",
-        ) as url,
-    ):
-        yield {"url": url, "display": display, "vnc_port": vnc_port, "ssh_port": ssh_port}
+def site(tmp_path_factory, driver_dir):
+    with web_server(driver_dir, tmp_path_factory.getbasetemp()) as url:
+        yield url
 
 
-def test_viewer_screen_and_terminal(page, loopback_desktop, plan, settings, tmp_path):
-    settings.DESKTOP_SSH_PORT = loopback_desktop["ssh_port"]
-    settings.DESKTOP_SSH_USER = "root"
-    base = loopback_desktop["url"]
-    desktop = DesktopFactory(state=DesktopState.RUNNING, private_ip="127.0.0.1", name="e2e-desk")
-    member = MembershipFactory(workspace=desktop.workspace, role=Role.MEMBER)
+def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
+    desktop = provision(lxc_api, "e2e-desk")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
 
-    log_in(page, base, member.user.email, PASSWORD)
+    log_in(page, site, member.user.email, PASSWORD)
     screenshot(page, "viewer-01-desktops")
     page.click("text=e2e-desk")
-    page.wait_for_url(f"{base}/desktops/{desktop.id}/")
+    page.wait_for_url(f"{site}/desktops/{desktop.id}/")
     expect(page.locator("#screen canvas")).to_be_visible(timeout=15000)
     expect(page.locator("#screen-status")).to_be_hidden(timeout=15000)
+    page.wait_for_timeout(1500)  # the session's terminal window maps a moment after VNC answers
     screenshot(page, "viewer-02-connected")
 
-    # Click into the desktop's xterm (drawn at +10+10) and type a command into the screen.
-    marker = tmp_path / f"typed-on-screen-{int(time.time())}"
+    # Click into the desktop's xterm (at +40+40 on its 1280x800 screen) and type a command there.
+    marker = f"/tmp/typed-on-screen-{int(time.time())}"
     canvas = page.locator("#screen canvas").bounding_box()
-    page.mouse.click(canvas["x"] + canvas["width"] * 0.1, canvas["y"] + canvas["height"] * 0.05)
+    page.mouse.click(canvas["x"] + canvas["width"] * 0.2, canvas["y"] + canvas["height"] * 0.2)
     page.keyboard.type(f"touch {marker}\n", delay=20)
-    with desktop_ssh_connect(desktop_id=desktop.id, host="127.0.0.1") as ssh:
-        deadline = time.monotonic() + 10
-        while ssh.exec_command(f"test -f {marker} && echo yes")[1].read().strip() != b"yes":
-            assert time.monotonic() < deadline, "the keystrokes typed on the screen never ran"
-            time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while run(desktop, f"test -f {marker} && echo yes || echo no").strip() != "yes":
+        assert time.monotonic() < deadline, "the keystrokes typed on the screen never ran in the desktop"
+        time.sleep(0.3)
     screenshot(page, "viewer-03-typed-on-screen")
 
     # The web terminal: type echo and read the answer back from the page.
@@ -84,3 +72,12 @@ def test_viewer_screen_and_terminal(page, loopback_desktop, plan, settings, tmp_
     page.wait_for_timeout(1000)
     expect(page.locator("#terminal .xterm-rows")).not_to_contain_text("viewer-typed-2")
     screenshot(page, "viewer-05-view-mode")
+
+    # Stopping the desktop (as the page's own API calls do) closes the relays with words.
+    page.evaluate(
+        """id => fetch(`/api/desktops/${id}/stop`, {method: "POST", headers: {
+            "X-CSRFToken": document.querySelector("[name=csrfmiddlewaretoken]").value}})""",
+        desktop.id,
+    )
+    expect(page.locator("#screen-status")).to_contain_text("stopped", timeout=30000)
+    screenshot(page, "viewer-06-stopped")

@@ -14,13 +14,13 @@ DRIVERS: dict[str, str] = {
 
 
 def driver_name() -> str:
-    """The engine's short name, recorded on each desktop it runs."""
-    return get_driver().name
+    """The engine new desktops go to, recorded on each so it keeps its engine for life."""
+    return settings.COMPUTE_DRIVER
 
 
 @cache
 def get_driver(name: str | None = None) -> ComputeDriver:
-    """One driver instance per process, built from settings."""
+    """One driver instance per engine and process, built from settings."""
     name = name or settings.COMPUTE_DRIVER
     path = DRIVERS.get(name, name)
     try:

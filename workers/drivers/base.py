@@ -107,3 +107,7 @@ class ComputeDriver(abc.ABC):
 
     @abc.abstractmethod
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None: ...
+
+    def image_metadata(self, key: str) -> dict:
+        """What the engine knows of the image the instance was made from (profile, build, packages)."""
+        return {}

@@ -1,0 +1,43 @@
+"""Driving desktops through the API in tests, and reaching into them."""
+
+import time
+
+from desktops.models import Desktop
+from workers.ssh import desktop_ssh_connect
+
+
+def wait_for_state(desktop_id: str, *states: str, timeout: float = 30) -> Desktop:
+    deadline = time.monotonic() + timeout
+    while True:
+        desktop = Desktop.objects.get(id=desktop_id)
+        if desktop.state in states:
+            return desktop
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{desktop_id} stayed {desktop.state}, wanted {states}: {desktop.last_error}"
+            )
+        time.sleep(0.05)
+
+
+def act(api, desktop_id: str, step: str):
+    if step == "destroy":
+        return api.delete(f"/api/desktops/{desktop_id}")
+    return api.post(f"/api/desktops/{desktop_id}/{step}")
+
+
+def provision(api, name: str, profile: str = "minimal") -> Desktop:
+    """A running desktop made through the API, or an assertion error with the reason."""
+    response = api.post("/api/desktops", {"name": name, "imageProfile": profile}, format="json")
+    assert response.status_code == 201, response.content
+    desktop = wait_for_state(response.json()["id"], "running", "error", timeout=120)
+    assert desktop.state == "running", desktop.last_error
+    return desktop
+
+
+def run(desktop: Desktop, command: str, user: str = "agent") -> str:
+    """Run a command in the desktop over SSH; its standard output, or an assertion error."""
+    with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip, username=user) as ssh:
+        _, out, err = ssh.exec_command(command, timeout=30)
+        status = out.channel.recv_exit_status()
+        assert status == 0, err.read().decode()
+        return out.read().decode()

@@ -1,0 +1,73 @@
+"""Real desktops through the API: LXC containers made by the Celery worker from the golden image."""
+
+import subprocess
+import time
+
+import pytest
+
+from desktops.models import Desktop
+from tests.conftest import LXC_IMAGE, LXC_TEST_SETTINGS
+from tests.support.desktops import act, provision, run, wait_for_state
+from tests.support.rfb import wait_for_a_drawn_screen
+from workers.models import IpLease
+
+pytestmark = [
+    pytest.mark.lxc,
+    pytest.mark.worker,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
+    ),
+]
+
+
+def step(api, desktop: Desktop, action: str, final: str) -> Desktop:
+    assert act(api, desktop.id, action).status_code == 202
+    return wait_for_state(desktop.id, final, "error", timeout=90)
+
+
+def test_a_desktop_from_the_api_runs_with_ssh_vnc_and_its_helper(lxc_api):
+    desktop = provision(lxc_api, "lxc-api")
+    detail = lxc_api.get(f"/api/desktops/{desktop.id}").json()
+    assert detail["privateIp"].startswith("10.215.0.")
+    assert detail["image"]["profile"] == "minimal" and len(detail["image"]["packagesSha256"]) == 64
+    assert IpLease.objects.get(desktop_key=desktop.id).address == desktop.private_ip
+
+    status = run(desktop, "bureau status")
+    assert desktop.id in status and "token:    present" in status
+    assert Desktop.objects.get(id=desktop.id).ssh_host_key.startswith("ssh-ed25519 ")
+
+    _, _, drawn, colours = wait_for_a_drawn_screen(desktop.private_ip)
+    assert drawn > 0.05 and colours >= 16, "the desktop's screen is blank"
+
+
+def test_files_survive_stop_and_suspend_but_not_destroy(lxc_api):
+    desktop = provision(lxc_api, "keeper")
+    run(desktop, "echo kept > ~/work.txt")
+
+    step(lxc_api, desktop, "stop", "stopped")
+    assert step(lxc_api, desktop, "start", "running").state == "running"
+    assert run(desktop, "cat ~/work.txt").strip() == "kept"
+
+    run(desktop, "nohup sleep 600 >/dev/null 2>&1 & echo $! > ~/sleeper.pid")
+    step(lxc_api, desktop, "suspend", "suspended")
+    assert step(lxc_api, desktop, "resume", "running").state == "running"
+    assert run(desktop, "kill -0 $(cat ~/sleeper.pid) && cat ~/work.txt").strip() == "kept"
+
+    step(lxc_api, desktop, "destroy", "destroyed")
+    assert not IpLease.objects.filter(desktop_key=desktop.id).exists()
+    assert subprocess.run(["lxc-info", "-P", LXC_TEST_SETTINGS["LXC_PATH"], "-n", desktop.id]).returncode != 0
+
+    again = provision(lxc_api, "keeper")
+    assert again.id != desktop.id
+    assert run(again, "test -e ~/work.txt || echo gone").strip() == "gone"
+
+
+def test_a_desktop_that_vanishes_is_found_by_reconcile(lxc_api):
+    from desktops import lifecycle
+
+    desktop = provision(lxc_api, "vanishing")
+    subprocess.run(["lxc-stop", "-k", "-P", LXC_TEST_SETTINGS["LXC_PATH"], "-n", desktop.id], check=True)
+    time.sleep(0.5)
+    report = lifecycle.reconcile()
+    assert desktop.id in report["drift"]
