@@ -28,7 +28,7 @@ from workers.drivers.base import InstanceSpec
 from workers.drivers.lxc import LxcDriver
 
 ROOT = Path("/var/lib/lebureau/bench")
-SUBNET = "10.215.0.0/24"
+SUBNET = "10.216.0.0/24"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOv0Q0bVGbL7nJc3lYQ0T6SaoJ1NGQ3z0Dmp7Kx8t9bE bench"
 
 

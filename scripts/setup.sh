@@ -28,6 +28,23 @@ step "Python environment (.venv)"
 .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
 echo "ok"
 
+step "Desktop host: LXC, its bridge and firewall"
+image-build/host-setup.sh --python .venv/bin/python
+
+step "Golden desktop images (minimal for tests, full for users)"
+# Rebuilt only when the image's recipe changed since the current build.
+recipe=$(cat image-build/build.sh image-build/configure-guest.sh image-build/shift_ids.py image-build/guest/* |
+    sha256sum | cut -c1-16)
+for profile in ${IMAGE_PROFILES:-minimal full}; do
+    stamp=/var/lib/lebureau/images/$profile/current/recipe
+    if [ "$(cat "$stamp" 2>/dev/null)" = "$recipe" ]; then
+        echo "$profile: up to date ($(readlink -f "$(dirname "$stamp")"))"
+    else
+        image-build/build.sh "$profile"
+        echo "$recipe" >"$stamp"
+    fi
+done
+
 step "Configuration (.env)"
 if [ ! -f .env ]; then
     .venv/bin/python - <<'PY'

@@ -586,6 +586,9 @@ class LxcDriver(ComputeDriver):
         self._lxc("lxc-stop", key, *args)
 
     def _wait_ready(self, key: str, ip: str) -> None:
+        # The address may have belonged to a destroyed desktop with another MAC: without this the
+        # host keeps sending to the old MAC until its neighbour entry goes stale (about 30 s).
+        lxc_net.run(["ip", "neigh", "flush", "to", ip, "dev", self.bridge])
         deadline = time.monotonic() + self.ready_timeout
         pending = list(self.ready_ports)
         while pending:
