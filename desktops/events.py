@@ -1,7 +1,8 @@
 """Live events about desktops, one typed payload per kind, shared by producers and consumers.
 
-Producers call `publish_*` inside their transaction; the message leaves only once it
-commits. Consumers (relays, live pages) join the groups named here.
+Producers call `publish_*` inside their transaction; the event leaves only once it commits,
+to two audiences: the relays (Channels groups, `desktop.<id>` and `user.<id>`) and the open
+Mission Control pages (server-sent events, one stream per workspace).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django_eventstream import send_event
 
 
 def desktop_group(desktop_id: str) -> str:
@@ -22,12 +24,36 @@ def user_group(user_id: int) -> str:
     return f"user.{user_id}"
 
 
+def workspace_stream(workspace_id: str) -> str:
+    return f"workspace-{workspace_id}"
+
+
 @dataclass(frozen=True)
 class DesktopStateChanged:
+    """A desktop's state (or provision step) changed; carries what a list row shows."""
+
     desktop_id: str
     workspace_id: str
+    name: str
     state: str
+    private_ip: str | None
+    progress: str
+    last_error: str
+    state_changed_at: str
     type: str = "desktop.state"
+
+    @classmethod
+    def of(cls, desktop) -> DesktopStateChanged:
+        return cls(
+            desktop_id=desktop.id,
+            workspace_id=desktop.workspace_id,
+            name=desktop.name,
+            state=desktop.state,
+            private_ip=desktop.private_ip,
+            progress=desktop.progress,
+            last_error=desktop.last_error,
+            state_changed_at=desktop.state_changed_at.isoformat(),
+        )
 
 
 @dataclass(frozen=True)
@@ -42,7 +68,7 @@ class AccessChanged:
 _pending: set[asyncio.Task] = set()
 
 
-def _send(group: str, payload: dict) -> None:
+def _group_send(group: str, payload: dict) -> None:
     layer = get_channel_layer()
     try:
         loop = asyncio.get_running_loop()
@@ -54,13 +80,13 @@ def _send(group: str, payload: dict) -> None:
         task.add_done_callback(_pending.discard)
 
 
-def _send_on_commit(group: str, event) -> None:
-    transaction.on_commit(lambda: _send(group, asdict(event)))
-
-
 def publish_state_change(event: DesktopStateChanged) -> None:
-    _send_on_commit(desktop_group(event.desktop_id), event)
+    def send():
+        _group_send(desktop_group(event.desktop_id), asdict(event))
+        send_event(workspace_stream(event.workspace_id), "desktop", asdict(event))
+
+    transaction.on_commit(send)
 
 
 def publish_access_change(event: AccessChanged) -> None:
-    _send_on_commit(user_group(event.user_id), event)
+    transaction.on_commit(lambda: _group_send(user_group(event.user_id), asdict(event)))

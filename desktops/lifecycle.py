@@ -86,9 +86,7 @@ def transition(
             target=desktop_id,
             reason=reason,
         )
-        publish_state_change(
-            DesktopStateChanged(desktop_id=desktop_id, workspace_id=workspace_id, state=target)
-        )
+        publish_state_change(DesktopStateChanged.of(Desktop.objects.get(id=desktop_id)))
     return True
 
 
@@ -107,6 +105,13 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
         files={AGENT_TOKEN_PATH: token + "\n"},
     )
     return spec, api_token_hash(token)
+
+
+def desktop_progress(desktop: Desktop, step: str) -> None:
+    """Show which provision step is under way, live, while the desktop is being made."""
+    if Desktop.objects.filter(id=desktop.id, state__in=(S.PROVISIONING, S.STARTING)).update(progress=step):
+        desktop.progress = step
+        publish_state_change(DesktopStateChanged.of(desktop))
 
 
 def desktop_run_step(*, desktop_id: str, action: str) -> None:
@@ -133,7 +138,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
         fresh = action == "provision" or not desktop.driver_ref
         if fresh:
             spec, token_hash = instance_spec(desktop)
-            status = driver.provision(spec)
+            status = driver.provision(spec, progress=lambda step: desktop_progress(desktop, step))
             # A new instance has new host keys and a new helper token.
             first_boot = {
                 "ssh_host_key": "",
@@ -155,6 +160,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
         private_ip=status.private_ip,
         driver_ref=status.ref or desktop.id,
         last_error="",
+        progress="",
         **first_boot,
     )
     if not done and action == "provision":

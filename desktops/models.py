@@ -86,6 +86,7 @@ class Desktop(models.Model):
     state = models.CharField(max_length=20, choices=DesktopState.choices, default=DesktopState.PROVISIONING)
     private_ip = models.GenericIPAddressField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+    progress = models.CharField(max_length=20, blank=True, help_text="The provision step under way")
     ssh_host_key = models.TextField(blank=True, help_text="Pinned on first contact, checked after")
     agent_token_hash = models.CharField(max_length=64, blank=True, help_text="HMAC of the helper's token")
     image = models.JSONField(default=dict, blank=True, help_text="The golden image it was made from")

@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "allauth",
     "allauth.account",
+    "django_eventstream",
     "desktops",
     "workers",
     "proxies",
@@ -154,6 +155,15 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {"hosts": [env.str("CHANNELS_REDIS_URL", "redis://127.0.0.1:6379/1")]},
     }
+}
+
+# Live pages: server-sent events, kept in PostgreSQL for replay and fanned out across processes by Redis.
+EVENTSTREAM_STORAGE_CLASS = "django_eventstream.storage.DjangoModelStorage"
+EVENTSTREAM_CHANNELMANAGER_CLASS = "missioncontrol.streams.WorkspaceStreams"
+EVENTSTREAM_REDIS = {
+    "host": env.str("EVENTSTREAM_REDIS_HOST", "127.0.0.1"),
+    "port": env.int("EVENTSTREAM_REDIS_PORT", 6379),
+    "db": env.int("EVENTSTREAM_REDIS_DB", 2),
 }
 
 # Which compute engine runs the desktops: a registered name ("lxc", "proxmox") or a dotted path.

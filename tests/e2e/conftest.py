@@ -21,7 +21,9 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+# Per module: Playwright's sync API keeps an event loop running in this thread while it is open,
+# which the asyncio tests of other modules must not inherit.
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 

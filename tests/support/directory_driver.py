@@ -22,7 +22,10 @@ from workers.drivers.base import (
     InstanceState,
     InstanceStatus,
     NetworkPolicy,
+    Progress,
+    ProvisionStep,
     TransientDriverError,
+    no_progress,
 )
 
 
@@ -55,7 +58,9 @@ class DirectoryDriver(ComputeDriver):
 
     # The interface
 
-    def provision(self, spec: InstanceSpec) -> InstanceStatus:
+    def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
+        for step in ProvisionStep:
+            progress(step)
         self._maybe_fail(spec.hostname, "provision")
         if (data := self._load(spec.key)) is None:
             data = {

@@ -7,6 +7,7 @@ task that is retried or delivered twice converges instead of failing.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -32,6 +33,23 @@ class InstanceState(StrEnum):
     STOPPED = "stopped"
     SUSPENDED = "suspended"
     ABSENT = "absent"
+
+
+class ProvisionStep(StrEnum):
+    """The steps of a provision a person sees: the same words whatever the engine."""
+
+    CLONE = "clone"
+    NETWORK = "network"
+    KEYS = "keys"
+    BOOT = "boot"
+    READY = "ready"
+
+
+Progress = Callable[[ProvisionStep], None]
+
+
+def no_progress(step: ProvisionStep) -> None:
+    """The default listener: nobody is watching."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +94,8 @@ class ComputeDriver(abc.ABC):
         return cls()
 
     @abc.abstractmethod
-    def provision(self, spec: InstanceSpec) -> InstanceStatus:
-        """Create the instance from the golden image and start it."""
+    def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
+        """Create the instance from the golden image and start it, naming each step as it begins."""
 
     @abc.abstractmethod
     def start(self, key: str) -> InstanceStatus: ...

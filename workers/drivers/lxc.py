@@ -41,7 +41,10 @@ from workers.drivers.base import (
     InstanceState,
     InstanceStatus,
     NetworkPolicy,
+    Progress,
+    ProvisionStep,
     TransientDriverError,
+    no_progress,
 )
 
 MARKER = "# managed-by: lebureau"
@@ -131,7 +134,7 @@ class LxcDriver(ComputeDriver):
 
     # -- the interface ------------------------------------------------------------------------
 
-    def provision(self, spec: InstanceSpec) -> InstanceStatus:
+    def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
         key = _checked(spec.key)
         if not _HOSTNAME.fullmatch(guest_hostname(spec.hostname)):
             raise DriverError(
@@ -143,22 +146,27 @@ class LxcDriver(ComputeDriver):
                 f"(asked: {spec.vcpus}, {spec.memory_mib} MiB, {spec.disk_gib} GiB)"
             )
         with self._locked(key):
+            progress(ProvisionStep.CLONE)
             meta = self._read_meta(key)
             if meta is None:
                 meta = self._new_meta(spec)
             self._write_lxc_config(spec, meta)
-            self._sync_network()
             self._ensure_disk(key, spec.disk_gib)
             self._mount(key, meta)
+            progress(ProvisionStep.NETWORK)
+            self._sync_network()
+            progress(ProvisionStep.KEYS)
             if not (self._dir(key) / "seeded").exists():
                 self._seed(spec, meta)
                 (self._dir(key) / "seeded").touch()
+            progress(ProvisionStep.BOOT)
             state = self._lxc_state(key)
             if state == InstanceState.SUSPENDED:
                 self._lxc("lxc-unfreeze", key)
             elif state == InstanceState.STOPPED:
                 self._lxc_start(key)
             self._wait_ready(key, meta["ip"])
+            progress(ProvisionStep.READY)
             return self._status(key)
 
     def start(self, key: str) -> InstanceStatus:
