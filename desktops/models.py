@@ -45,6 +45,26 @@ class Membership(models.Model):
         return f"{self.user} is {self.role} of {self.workspace_id}"
 
 
+class Invitation(models.Model):
+    """A place in a workspace offered to an e-mail address without an account yet."""
+
+    id = PublicIdField("inv")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=10, choices=Role.choices)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "email"], name="one_invitation_per_email")
+        ]
+
+    def __str__(self):
+        return f"{self.email} invited to {self.workspace_id} as {self.role}"
+
+
 class Plan(models.Model):
     id = PublicIdField("plan")
     name = models.SlugField(max_length=40, unique=True)

@@ -9,6 +9,8 @@ from desktops.audit import Actor, audit_record
 
 @receiver(user_logged_in)
 def on_login(sender, request, user, **kwargs):
+    # Invited people join the inviting workspace; everyone else gets one of their own.
+    services.invitations_accept(user=user)
     services.workspace_ensure_for_user(user=user)
     audit_record(actor=Actor(user=user), action="auth.login", target=f"user:{user.pk}")
 

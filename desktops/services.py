@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from desktops import crypto
@@ -19,6 +22,7 @@ from desktops.models import (
     ApiKey,
     Desktop,
     DesktopState,
+    Invitation,
     LLMKey,
     LLMProvider,
     Membership,
@@ -113,6 +117,56 @@ def membership_add(*, actor: Actor, workspace_id: str, email: str, role: str) ->
         raise Conflict(f"{email} is already a member of this workspace.") from exc
     audit_record(actor=actor, action="member.add", workspace_id=workspace.id, target=membership.id, role=role)
     return membership
+
+
+def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> Membership | Invitation:
+    """Add a person by e-mail: at once if they have an account, else by an invitation e-mailed to them."""
+    if get_user_model().objects.filter(email__iexact=email).exists():
+        return membership_add(actor=actor, workspace_id=workspace_id, email=email, role=role)
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    role = _role_grantable(actor, workspace, role)
+    invitation, _ = Invitation.objects.update_or_create(
+        workspace=workspace,
+        email=email.lower(),
+        defaults={"role": role, "invited_by": actor.user, "accepted_at": None},
+    )
+    audit_record(
+        actor=actor, action="member.invite", workspace_id=workspace.id, target=invitation.id, role=role
+    )
+    signup = f"{settings.SITE_URL}{reverse('account_signup')}"
+    transaction.on_commit(
+        lambda: send_mail(
+            f"Join {workspace.name} on Le Bureau",
+            f"{actor.user.email} invites you to the workspace {workspace.name} as {role}.\n\n"
+            f"Sign up with this address ({email}) and confirm it: {signup}\n",
+            None,
+            [email],
+        )
+    )
+    return invitation
+
+
+def invitations_accept(*, user) -> list[Membership]:
+    """Turn the invitations of the user's confirmed e-mail addresses into memberships."""
+    emails = EmailAddress.objects.filter(user=user, verified=True).values_list("email", flat=True)
+    joined = []
+    for invitation in Invitation.objects.filter(
+        email__in=[e.lower() for e in emails], accepted_at__isnull=True
+    ):
+        membership, created = Membership.objects.get_or_create(
+            workspace_id=invitation.workspace_id, user=user, defaults={"role": invitation.role}
+        )
+        Invitation.objects.filter(id=invitation.id).update(accepted_at=timezone.now())
+        if created:
+            audit_record(
+                actor=Actor(user=user),
+                action="member.join",
+                workspace_id=invitation.workspace_id,
+                target=membership.id,
+                invitation=invitation.id,
+            )
+            joined.append(membership)
+    return joined
 
 
 def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, role: str) -> Membership:

@@ -4,5 +4,24 @@ from missioncontrol import views
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("switch/", views.switch, name="switch"),
+    path("w/<str:workspace_id>/desktops/", views.desktops, name="desktops"),
+    path("w/<str:workspace_id>/desktops/new/", views.desktop_new, name="desktop_new"),
+    path("w/<str:workspace_id>/desktops/actions/", views.fleet_action, name="fleet_action"),
+    path("w/<str:workspace_id>/settings/", views.settings_page, name="settings"),
+    path("w/<str:workspace_id>/settings/rename/", views.workspace_rename, name="workspace_rename"),
+    path("w/<str:workspace_id>/settings/delete/", views.workspace_delete, name="workspace_delete"),
+    path("w/<str:workspace_id>/members/invite/", views.member_invite, name="member_invite"),
+    path("w/<str:workspace_id>/members/<str:membership_id>/role/", views.member_role, name="member_role"),
+    path("w/<str:workspace_id>/members/<str:object_id>/remove/", views.member_remove, name="member_remove"),
+    path("w/<str:workspace_id>/keys/new/", views.api_key_new, name="api_key_new"),
+    path("w/<str:workspace_id>/keys/<str:object_id>/revoke/", views.api_key_revoke, name="api_key_revoke"),
+    path("w/<str:workspace_id>/llm-keys/new/", views.llm_key_new, name="llm_key_new"),
+    path("w/<str:workspace_id>/llm-keys/<str:key_id>/rotate/", views.llm_key_rotate, name="llm_key_rotate"),
+    path(
+        "w/<str:workspace_id>/llm-keys/<str:object_id>/delete/", views.llm_key_delete, name="llm_key_delete"
+    ),
+    path("w/<str:workspace_id>/audit/", views.audit, name="audit"),
     path("desktops/<str:desktop_id>/", views.desktop, name="desktop"),
+    path("events/w/<str:workspace_id>/", views.workspace_events, name="workspace_events"),
 ]

@@ -1,37 +1,362 @@
+"""Mission Control pages. Every action goes through the same services as the REST API."""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime, time
+from functools import wraps
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
-from django.shortcuts import render
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponseForbidden, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+from django_eventstream.views import events as eventstream_events
 
-from desktops import selectors
+from billing.selectors import desktop_cost_so_far
+from desktops import selectors, services
 from desktops.audit import Actor
-from desktops.errors import NotFound
-from desktops.models import Role
+from desktops.errors import DomainError, Forbidden, NotFound
+from desktops.events import workspace_stream
+from desktops.models import DesktopState, Role
+from desktops.selectors import role_in
+from missioncontrol import forms
+
+LIVE_STATES = {DesktopState.RUNNING}
 
 
-@login_required
-def home(request):
-    actor = Actor.from_request(request)
+def workspace_page(minimum: Role = Role.VIEWER):
+    """The view gets the workspace of the URL; outsiders get a 404, lower roles a 403."""
+
+    def decorate(view):
+        @login_required
+        @wraps(view)
+        def wrapper(request, workspace_id, *args, **kwargs):
+            actor = Actor.from_request(request)
+            try:
+                workspace = selectors.workspace_get(actor=actor, workspace_id=workspace_id, minimum=minimum)
+            except NotFound as exc:
+                raise Http404(exc.message) from exc
+            except Forbidden as exc:
+                raise PermissionDenied(exc.message) from exc
+            request.session["workspace"] = workspace.id
+            request.actor, request.workspace = actor, workspace
+            request.role = selectors.role_in(actor=actor, workspace_id=workspace.id)
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def page(request, template: str, **context):
     return render(
         request,
-        "missioncontrol/home.html",
+        template,
         {
-            "workspaces": selectors.workspaces_visible(actor=actor),
-            "desktops": selectors.desktop_list(actor=actor).select_related("workspace")[:200],
+            "workspace": request.workspace,
+            "workspaces": selectors.workspaces_visible(actor=request.actor),
+            "role": request.role,
+            "can_act": request.role.rank >= Role.MEMBER.rank,
+            "can_manage": request.role.rank >= Role.ADMIN.rank,
+            **context,
         },
     )
 
 
+def attempt(request, call, success: str = "") -> bool:
+    """Run a service call; its refusal becomes a message on the page, never a half-done change."""
+    try:
+        call()
+    except DomainError as exc:
+        messages.error(request, exc.message)
+        return False
+    if success:
+        messages.success(request, success)
+    return True
+
+
+@login_required
+def home(request):
+    workspaces = selectors.workspaces_visible(actor=Actor.from_request(request))
+    current = workspaces.filter(id=request.session.get("workspace")).first() or workspaces.first()
+    if current is None:
+        current = services.workspace_ensure_for_user(user=request.user)
+    return redirect("desktops", current.id)
+
+
+@login_required
+def switch(request):
+    return redirect("desktops", request.GET.get("workspace", ""))
+
+
+# Desktops
+
+
+@workspace_page()
+def desktops(request):
+    filters = forms.DesktopFilterForm(request.GET)
+    filters.is_valid()
+    rows = selectors.desktop_list(
+        actor=request.actor, workspace_id=request.workspace.id, state=filters.cleaned_data.get("state")
+    )
+    if filters.cleaned_data.get("q"):
+        rows = rows.filter(name__icontains=filters.cleaned_data["q"])
+    rows = list(rows[:500])
+    for desktop in rows:
+        desktop.cost = desktop_cost_so_far(desktop)
+        desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
+    template = (
+        "missioncontrol/desktop_rows.html" if request.GET.get("rows") else "missioncontrol/desktops.html"
+    )
+    return page(
+        request,
+        template,
+        desktops=rows,
+        filters=filters,
+        new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
+    )
+
+
+@require_POST
+@workspace_page(Role.MEMBER)
+def desktop_new(request):
+    form = forms.NewComputerForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"{field}: {' '.join(errors)}")
+        return redirect("desktops", request.workspace.id)
+    data = form.cleaned_data
+    attempt(
+        request,
+        lambda: services.desktop_create(
+            actor=request.actor,
+            workspace=request.workspace,
+            plan=data["plan"],
+            name=data["name"],
+            image_profile=data["image_profile"],
+        ),
+        f"{data['name']} is being provisioned.",
+    )
+    return redirect("desktops", request.workspace.id)
+
+
+@require_POST
+@workspace_page(Role.MEMBER)
+def fleet_action(request):
+    ids = list(
+        selectors.desktop_list(actor=request.actor, workspace_id=request.workspace.id).values_list(
+            "id", flat=True
+        )
+    )
+    form = forms.FleetActionForm(request.POST, desktop_ids=ids)
+    if not form.is_valid():
+        for errors in form.errors.values():
+            messages.error(request, " ".join(errors))
+        return redirect("desktops", request.workspace.id)
+    action = form.cleaned_data["action"]
+    for desktop_id in form.cleaned_data["desktops"]:
+        desktop = selectors.desktop_get(actor=request.actor, desktop_id=desktop_id)
+        attempt(
+            request,
+            lambda d=desktop: services.desktop_act(actor=request.actor, desktop=d, action=action),
+            f"{desktop.name}: {action} requested.",
+        )
+    return redirect("desktops", request.workspace.id)
+
+
 @login_required
 def desktop(request, desktop_id):
-    """The viewer: screen, terminal and chat of one desktop."""
+    """The viewer (screen, terminal, chat), the timeline and the resources of one desktop."""
     actor = Actor.from_request(request)
     try:
         found = selectors.desktop_get(actor=actor, desktop_id=desktop_id)
     except NotFound as exc:
         raise Http404(exc.message) from exc
-    role = selectors.role_in(actor=actor, workspace_id=found.workspace_id)
-    return render(
+    request.actor, request.workspace = actor, found.workspace
+    request.role = selectors.role_in(actor=actor, workspace_id=found.workspace_id)
+    return page(
         request,
         "missioncontrol/desktop.html",
-        {"desktop": found, "can_control": role.rank >= Role.MEMBER.rank},
+        desktop=found,
+        can_control=request.role.rank >= Role.MEMBER.rank,
+        events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
+        cost=desktop_cost_so_far(found),
+    )
+
+
+def workspace_events(request, workspace_id):
+    """Live desktop states: one server-sent event stream per workspace, for its members only.
+
+    Refused up front with a 403 (which also stops the browser's reconnecting), rather than
+    inside an open stream.
+    """
+    if role_in(actor=Actor.from_request(request), workspace_id=workspace_id) is None:
+        return HttpResponseForbidden("Not a member of this workspace.")
+    return eventstream_events(request, channels=[workspace_stream(workspace_id)])
+
+
+# Settings
+
+
+@workspace_page()
+def settings_page(request):
+    workspace = request.workspace
+    can_manage = request.role.rank >= Role.ADMIN.rank
+    return page(
+        request,
+        "missioncontrol/settings.html",
+        members=selectors.membership_list(workspace=workspace),
+        invitations=workspace.invitations.filter(accepted_at__isnull=True) if can_manage else [],
+        api_keys=selectors.api_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
+        llm_keys=selectors.llm_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
+        rename_form=forms.RenameForm(initial={"name": workspace.name}),
+        invite_form=forms.InviteForm(),
+        api_key_form=forms.ApiKeyForm(),
+        llm_key_form=forms.LLMKeyForm(),
+        roles=Role.choices,
+        new_token=request.session.pop("new_token", None),
+    )
+
+
+def _settings_post(form_class, apply, success):
+    """A settings form: validate, call the service, come back to the settings page."""
+
+    @require_POST
+    @workspace_page(Role.VIEWER)
+    def view(request, **kwargs):
+        form = form_class(request.POST)
+        if form.is_valid():
+            attempt(request, lambda: apply(request, form.cleaned_data, **kwargs), success)
+        else:
+            for field, errors in form.errors.items():
+                messages.error(request, f"{field}: {' '.join(errors)}")
+        return redirect("settings", request.workspace.id)
+
+    return view
+
+
+def _new_api_key(request, data):
+    _, token = services.api_key_create(actor=request.actor, workspace_id=request.workspace.id, **data)
+    request.session["new_token"] = token  # shown once, on the next page, then gone
+
+
+workspace_rename = _settings_post(
+    forms.RenameForm,
+    lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
+    "Workspace renamed.",
+)
+member_invite = _settings_post(
+    forms.InviteForm,
+    lambda r, d: services.member_invite(actor=r.actor, workspace_id=r.workspace.id, **d),
+    "Invitation sent (or member added, if they already have an account).",
+)
+member_role = _settings_post(
+    forms.RoleForm,
+    lambda r, d, membership_id: services.membership_set_role(
+        actor=r.actor, workspace_id=r.workspace.id, membership_id=membership_id, role=d["role"]
+    ),
+    "Role changed.",
+)
+api_key_new = _settings_post(
+    forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once."
+)
+llm_key_new = _settings_post(
+    forms.LLMKeyForm,
+    lambda r, d: services.llm_key_save(actor=r.actor, workspace_id=r.workspace.id, **d),
+    "LLM key added.",
+)
+llm_key_rotate = _settings_post(
+    forms.RotateForm,
+    lambda r, d, key_id: services.llm_key_save(
+        actor=r.actor,
+        workspace_id=r.workspace.id,
+        key=(key := selectors.llm_key_get(actor=r.actor, key_id=key_id)),
+        provider=key.provider,
+        name=key.name,
+        base_url=key.base_url,
+        secret=d["secret"],
+    ),
+    "LLM key rotated.",
+)
+
+
+def _settings_delete(apply, success):
+    @require_POST
+    @workspace_page(Role.VIEWER)
+    def view(request, object_id):
+        attempt(request, lambda: apply(request, object_id), success)
+        return redirect("settings", request.workspace.id)
+
+    return view
+
+
+member_remove = _settings_delete(
+    lambda r, i: services.membership_remove(actor=r.actor, workspace_id=r.workspace.id, membership_id=i),
+    "Member removed.",
+)
+api_key_revoke = _settings_delete(
+    lambda r, i: services.api_key_revoke(actor=r.actor, workspace_id=r.workspace.id, key_id=i),
+    "API key revoked.",
+)
+llm_key_delete = _settings_delete(
+    lambda r, i: services.llm_key_delete(actor=r.actor, workspace_id=r.workspace.id, key_id=i),
+    "LLM key removed.",
+)
+
+
+@require_POST
+@workspace_page(Role.OWNER)
+def workspace_delete(request):
+    if request.POST.get("confirm") != request.workspace.name:
+        messages.error(request, "Type the workspace's name to delete it.")
+        return redirect("settings", request.workspace.id)
+    if attempt(
+        request, lambda: services.workspace_delete(actor=request.actor, workspace_id=request.workspace.id)
+    ):
+        request.session.pop("workspace", None)
+        return redirect("home")
+    return redirect("settings", request.workspace.id)
+
+
+# Audit
+
+
+class _Echo:
+    """A file that hands back what csv writes, so rows stream out as they are made."""
+
+    def write(self, value):
+        return value
+
+
+@workspace_page(Role.ADMIN)
+def audit(request):
+    filters = forms.AuditFilterForm(request.GET)
+    filters.is_valid()
+    query = {k: v for k, v in filters.cleaned_data.items() if v}
+    for bound, at in (("since", time.min), ("until", time.max)):
+        if bound in query:
+            query[bound] = timezone.make_aware(datetime.combine(query[bound], at))
+    events = selectors.audit_list(workspace=request.workspace, **query)
+    if request.GET.get("format") == "csv":
+        fields = ["at", "actor", "action", "target", "ip", "request_id", "detail"]
+        writer = csv.writer(_Echo())
+
+        def lines():
+            yield writer.writerow(fields)
+            for event in events.iterator():
+                yield writer.writerow([getattr(event, f) for f in fields])
+
+        response = StreamingHttpResponse(lines(), content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="audit-{request.workspace.id}.csv"'
+        return response
+    return page(
+        request,
+        "missioncontrol/audit.html",
+        filters=filters,
+        events=Paginator(events, 100).get_page(request.GET.get("page")),
+        query=request.GET.urlencode(),
     )

@@ -112,7 +112,17 @@ function connectTerminal(session) {
 function disconnectAll() {
   const screen = rfb;
   rfb = null;
-  if (screen) screen.disconnect();
+  if (screen) screen.dis// The side panel's tabs: chat, timeline, details.
+document.querySelectorAll("[data-tab]").forEach((tab) =>
+  tab.addEventListener("click", () => {
+    document.querySelectorAll("[data-tab]").forEach((other) => {
+      other.setAttribute("aria-selected", String(other === tab));
+      document.getElementById(other.dataset.tab).hidden = other !== tab;
+    });
+  }),
+);
+
+connect();
   if (terminalSocket) {
     const socket = terminalSocket;
     terminalSocket = null;
@@ -174,5 +184,15 @@ document.getElementById("clipboard-form").addEventListener("submit", (event) => 
     field.value = "";
   }
 });
+
+// The side panel's tabs: chat, timeline, details.
+document.querySelectorAll("[data-tab]").forEach((tab) =>
+  tab.addEventListener("click", () => {
+    document.querySelectorAll("[data-tab]").forEach((other) => {
+      other.setAttribute("aria-selected", String(other === tab));
+      document.getElementById(other.dataset.tab).hidden = other !== tab;
+    });
+  }),
+);
 
 connect();

@@ -1,0 +1,90 @@
+"""Input checks of the pages; the services decide everything else."""
+
+from django import forms
+
+from desktops.models import ApiScope, DesktopState, LLMProvider, Role
+from desktops.selectors import plan_list
+
+ACTIONS = [("start", "Start"), ("stop", "Stop"), ("destroy", "Destroy")]
+
+
+class PlanChoice(forms.ModelChoiceField):
+    def label_from_instance(self, plan):
+        return (
+            f"{plan.name} — {plan.vcpus} vCPU, {plan.memory_mib // 1024} GiB RAM, "
+            f"{plan.disk_gib} GiB disk — €{plan.monthly_price}/month"
+        )
+
+
+class NewComputerForm(forms.Form):
+    name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and hyphens; its hostname.")
+    plan = PlanChoice(queryset=plan_list(), empty_label=None)
+    image_profile = forms.ChoiceField(
+        choices=[("full", "Full (XFCE, Chromium, LibreOffice, agent runtime)"), ("minimal", "Minimal (fast)")]
+    )
+
+
+class DesktopFilterForm(forms.Form):
+    state = forms.ChoiceField(choices=[("", "Any state"), *DesktopState.choices], required=False)
+    q = forms.CharField(required=False, label="Name")
+
+
+class FleetActionForm(forms.Form):
+    action = forms.ChoiceField(choices=ACTIONS)
+    desktops = forms.MultipleChoiceField(
+        choices=[], error_messages={"required": "Select at least one desktop."}
+    )
+    confirm = forms.IntegerField(required=False)
+
+    def __init__(self, *args, desktop_ids=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["desktops"].choices = [(i, i) for i in desktop_ids]
+
+    def clean(self):
+        data = super().clean()
+        selected = len(data.get("desktops", []))
+        if data.get("action") == "destroy" and data.get("confirm") != selected:
+            raise forms.ValidationError(f"To destroy, type the number of selected desktops ({selected}).")
+        return data
+
+
+class RenameForm(forms.Form):
+    name = forms.CharField(max_length=100)
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField()
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    scope = forms.ChoiceField(choices=ApiScope.choices, initial=ApiScope.WRITE)
+    expires_at = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), label="Expires"
+    )
+
+
+class LLMKeyForm(forms.Form):
+    provider = forms.ChoiceField(choices=LLMProvider.choices)
+    name = forms.CharField(max_length=100)
+    base_url = forms.URLField(
+        required=False, label="Base URL (OpenAI-compatible only)", assume_scheme="https"
+    )
+    secret = forms.CharField(widget=forms.PasswordInput, label="Key")
+
+
+class RotateForm(forms.Form):
+    secret = forms.CharField(widget=forms.PasswordInput, label="New key")
+
+
+class AuditFilterForm(forms.Form):
+    actor = forms.CharField(required=False)
+    action = forms.CharField(required=False)
+    target = forms.CharField(required=False, label="Desktop or object id")
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))

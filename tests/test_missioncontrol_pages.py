@@ -1,0 +1,204 @@
+"""Mission Control pages: role checks on every page and action, and what each one does."""
+
+import pytest
+from django.core import mail
+
+from desktops.models import ApiKey, AuditEvent, DesktopState, Invitation, LLMKey, Role
+from tests.factories import DesktopFactory, MembershipFactory, UserFactory
+
+
+def logged_in(client, membership):
+    client.force_login(membership.user)
+    return client
+
+
+def page_urls(ws, desktop):
+    return [
+        f"/w/{ws.id}/desktops/",
+        f"/w/{ws.id}/settings/",
+        f"/desktops/{desktop.id}/",
+    ]
+
+
+@pytest.mark.parametrize("role", [Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER, "outsider"])
+def test_pages_open_for_members_only(client, members, workspace, plan, role):
+    desktop = DesktopFactory(workspace=workspace)
+    logged_in(client, members[role])
+    for url in page_urls(workspace, desktop):
+        assert client.get(url).status_code == (404 if role == "outsider" else 200), url
+    audit = client.get(f"/w/{workspace.id}/audit/").status_code
+    expected = 404 if role == "outsider" else 200 if Role(role).rank >= Role.ADMIN.rank else 403
+    assert audit == expected
+
+
+def test_event_stream_is_for_members_only(client, members, workspace):
+    logged_in(client, members["outsider"])
+    assert client.get(f"/events/w/{workspace.id}/").status_code == 403
+    client.logout()
+    assert client.get(f"/events/w/{workspace.id}/").status_code == 403
+
+
+def test_pages_need_a_login(client, workspace):
+    response = client.get(f"/w/{workspace.id}/desktops/")
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_desktops_page_lists_with_state_plan_ip_and_cost(client, members, workspace, plan):
+    DesktopFactory(workspace=workspace, name="alpha", private_ip="10.0.0.9")
+    DesktopFactory(workspace=workspace, name="beta", state=DesktopState.STOPPED)
+    DesktopFactory(name="elsewhere")
+    page = logged_in(client, members[Role.VIEWER]).get(f"/w/{workspace.id}/desktops/").content.decode()
+    assert "alpha" in page and "beta" in page and "elsewhere" not in page
+    assert "10.0.0.9" in page and "€" in page and "starter" in page
+    filtered = client.get(f"/w/{workspace.id}/desktops/?state=stopped").content.decode()
+    assert "beta" in filtered and "alpha" not in filtered
+    assert "New Computer" not in page  # viewers only watch
+
+
+def test_new_computer_goes_through_the_service(client, members, workspace, plan):
+    logged_in(client, members[Role.MEMBER])
+    url = f"/w/{workspace.id}/desktops/new/"
+    response = client.post(url, {"name": "agent-7", "plan": plan.id, "image_profile": "minimal"}, follow=True)
+    assert "agent-7 is being provisioned" in response.content.decode()
+    desktop = workspace.desktops.get(name="agent-7")
+    assert desktop.state == "provisioning" and desktop.image_profile == "minimal"
+    assert AuditEvent.objects.filter(action="desktop.create", target=desktop.id).exists()
+    bad = client.post(url, {"name": "Bad Name", "plan": plan.id, "image_profile": "minimal"}, follow=True)
+    assert "lowercase" in bad.content.decode()
+
+
+def test_viewer_cannot_create(client, members, workspace, plan):
+    logged_in(client, members[Role.VIEWER])
+    response = client.post(f"/w/{workspace.id}/desktops/new/", {"name": "x", "plan": plan.id})
+    assert response.status_code == 403
+
+
+def test_fleet_actions_report_per_desktop_and_destroy_needs_the_count(client, members, workspace, plan):
+    running, stopped = (
+        DesktopFactory(workspace=workspace),
+        DesktopFactory(workspace=workspace, state="stopped"),
+    )
+    logged_in(client, members[Role.MEMBER])
+    url = f"/w/{workspace.id}/desktops/actions/"
+    page = client.post(
+        url, {"action": "stop", "desktops": [running.id, stopped.id]}, follow=True
+    ).content.decode()
+    assert f"{running.name}: stop requested" in page and "Cannot stop a desktop that is stopped" in page
+    page = client.post(url, {"action": "destroy", "desktops": [stopped.id], "confirm": "2"}, follow=True)
+    assert "type the number of selected desktops (1)" in page.content.decode()
+    stopped.refresh_from_db()
+    assert stopped.state == "stopped"
+    client.post(url, {"action": "destroy", "desktops": [stopped.id], "confirm": "1"})
+    stopped.refresh_from_db()
+    assert stopped.state == "destroying"
+
+
+def test_fleet_action_cannot_reach_another_workspace(client, members, workspace, plan):
+    foreign = DesktopFactory()
+    logged_in(client, members[Role.OWNER])
+    client.post(f"/w/{workspace.id}/desktops/actions/", {"action": "stop", "desktops": [foreign.id]})
+    foreign.refresh_from_db()
+    assert foreign.state == "running"
+
+
+def test_settings_keys_are_for_admins_and_shown_once(client, members, workspace):
+    logged_in(client, members[Role.MEMBER])
+    assert client.post(f"/w/{workspace.id}/keys/new/", {"name": "ci", "scope": "read"}, follow=True)
+    assert not ApiKey.objects.filter(workspace=workspace).exists()
+    logged_in(client, members[Role.ADMIN])
+    page = client.post(
+        f"/w/{workspace.id}/keys/new/", {"name": "ci", "scope": "read"}, follow=True
+    ).content.decode()
+    key = ApiKey.objects.get(workspace=workspace)
+    assert f"lb_{key.prefix}_" in page
+    again = client.get(f"/w/{workspace.id}/settings/").content.decode()
+    assert "copy it now" not in again
+    client.post(f"/w/{workspace.id}/keys/{key.id}/revoke/")
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+
+
+def test_llm_keys_add_rotate_remove_show_only_the_last_four(client, members, workspace):
+    logged_in(client, members[Role.ADMIN])
+    body = {"provider": "anthropic", "name": "main", "secret": "sk-ant-secret-0000-1234"}
+    page = client.post(f"/w/{workspace.id}/llm-keys/new/", body, follow=True).content.decode()
+    assert "…1234" in page and "sk-ant-secret" not in page
+    key = LLMKey.objects.get(workspace=workspace)
+    client.post(f"/w/{workspace.id}/llm-keys/{key.id}/rotate/", {"secret": "sk-ant-rotated-9999-5678"})
+    key.refresh_from_db()
+    assert key.last4 == "5678"
+    client.post(f"/w/{workspace.id}/llm-keys/{key.id}/delete/")
+    assert not LLMKey.objects.filter(workspace=workspace).exists()
+
+
+def test_invite_by_email_then_join_on_confirmed_sign_up(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    logged_in(client, members[Role.ADMIN])
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/w/{workspace.id}/members/invite/", {"email": "newcomer@example.com", "role": "viewer"})
+    invitation = Invitation.objects.get(workspace=workspace)
+    assert mail.outbox and "newcomer@example.com" in mail.outbox[0].to
+    newcomer = UserFactory(email="newcomer@example.com")
+    newcomer.emailaddress_set.create(email="newcomer@example.com", verified=True, primary=True)
+    client.force_login(newcomer)
+    assert newcomer.memberships.get(workspace=workspace).role == Role.VIEWER
+    invitation.refresh_from_db()
+    assert invitation.accepted_at is not None
+
+
+def test_invite_of_an_existing_user_adds_them_at_once(client, members, workspace):
+    existing = UserFactory()
+    logged_in(client, members[Role.ADMIN])
+    client.post(f"/w/{workspace.id}/members/invite/", {"email": existing.email, "role": "member"})
+    assert existing.memberships.get(workspace=workspace).role == Role.MEMBER
+
+
+def test_roles_change_and_members_leave_by_the_settings_page(client, members, workspace):
+    viewer = members[Role.VIEWER]
+    logged_in(client, members[Role.MEMBER])
+    client.post(f"/w/{workspace.id}/members/{viewer.id}/role/", {"role": "admin"})
+    viewer.refresh_from_db()
+    assert viewer.role == Role.VIEWER
+    logged_in(client, members[Role.ADMIN])
+    client.post(f"/w/{workspace.id}/members/{viewer.id}/role/", {"role": "member"})
+    viewer.refresh_from_db()
+    assert viewer.role == Role.MEMBER
+    client.post(f"/w/{workspace.id}/members/{viewer.id}/remove/")
+    assert not workspace.memberships.filter(id=viewer.id).exists()
+
+
+def test_only_owners_delete_a_workspace_and_must_type_its_name(client, members, workspace):
+    logged_in(client, members[Role.ADMIN])
+    assert client.post(f"/w/{workspace.id}/settings/delete/", {"confirm": workspace.name}).status_code == 403
+    logged_in(client, members[Role.OWNER])
+    client.post(f"/w/{workspace.id}/settings/delete/", {"confirm": "wrong"})
+    assert type(workspace).objects.filter(id=workspace.id).exists()
+    client.post(f"/w/{workspace.id}/settings/delete/", {"confirm": workspace.name})
+    assert not type(workspace).objects.filter(id=workspace.id).exists()
+
+
+def test_audit_log_filters_and_exports_csv(client, members, workspace, plan):
+    desktop = DesktopFactory(workspace=workspace)
+    AuditEvent.objects.create(
+        actor="user:a@example.com", action="desktop.stop", workspace_id=workspace.id, target=desktop.id
+    )
+    AuditEvent.objects.create(actor="user:b@example.com", action="api_key.create", workspace_id=workspace.id)
+    AuditEvent.objects.create(actor="user:c@example.com", action="desktop.stop", workspace_id="ws_other")
+    logged_in(client, members[Role.ADMIN])
+    page = client.get(f"/w/{workspace.id}/audit/?action=desktop.").content.decode()
+    assert "a@example.com" in page and "b@example.com" not in page and "c@example.com" not in page
+    csv_response = client.get(f"/w/{workspace.id}/audit/?target={desktop.id}&format=csv")
+    assert csv_response["Content-Type"] == "text/csv"
+    body = b"".join(csv_response.streaming_content).decode()
+    assert body.splitlines()[0].startswith("at,actor,action") and "a@example.com" in body and "b@" not in body
+
+
+def test_member_of_two_workspaces_switches(client, members, workspace):
+    member = members[Role.MEMBER]
+    other = MembershipFactory(user=member.user, role=Role.OWNER).workspace
+    logged_in(client, member)
+    page = client.get(f"/w/{workspace.id}/desktops/").content.decode()
+    assert other.name in page  # the switcher offers it
+    assert client.get(f"/switch/?workspace={other.id}").url == f"/w/{other.id}/desktops/"
+    assert client.get("/").url == f"/w/{workspace.id}/desktops/"  # the last one opened
