@@ -57,7 +57,7 @@ def log_in(page, base_url: str, email: str, password: str) -> None:
     page.fill("input[name=login]", email)
     page.fill("input[name=password]", password)
     page.click("button[type=submit]")
-    page.wait_for_url(f"{base_url}/")
+    page.wait_for_url(f"{base_url}/w/*/desktops/")
 
 
 @pytest.fixture(autouse=True)

@@ -112,17 +112,7 @@ function connectTerminal(session) {
 function disconnectAll() {
   const screen = rfb;
   rfb = null;
-  if (screen) screen.dis// The side panel's tabs: chat, timeline, details.
-document.querySelectorAll("[data-tab]").forEach((tab) =>
-  tab.addEventListener("click", () => {
-    document.querySelectorAll("[data-tab]").forEach((other) => {
-      other.setAttribute("aria-selected", String(other === tab));
-      document.getElementById(other.dataset.tab).hidden = other !== tab;
-    });
-  }),
-);
-
-connect();
+  if (screen) screen.disconnect();
   if (terminalSocket) {
     const socket = terminalSocket;
     terminalSocket = null;
