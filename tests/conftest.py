@@ -9,10 +9,12 @@ from django.conf import settings
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from desktops import services
+from desktops.audit import Actor
 from desktops.models import Desktop, Role
 from lebureau.celery import app as celery_app
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
-from tests.support.desktops import act, wait_for_state
+from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
 from tests.support.services import free_port, port_open, service_process
 from workers.drivers import get_driver
@@ -160,10 +162,12 @@ def lxc_api(celery_worker, lxc_test_engine, members, plan, settings):
     settings.COMPUTE_DRIVER = "lxc"
     for name, value in LXC_TEST_SETTINGS.items():
         setattr(settings, name, value)
-    client = client_for(key=api_key_for(members[Role.MEMBER]))
-    yield client
+    yield client_for(key=api_key_for(members[Role.MEMBER]))
+    # Whoever made them (pages included), support staff clear them all.
+    support = Actor(user=UserFactory(is_staff=True), support=True)
+    for desktop in Desktop.objects.exclude(state__in=["destroyed", "destroying"]):
+        services.desktop_act(actor=support, desktop=desktop, action="destroy")
     for desktop in Desktop.objects.exclude(state="destroyed"):
-        act(client, desktop.id, "destroy")
         wait_for_state(desktop.id, "destroyed", "error", timeout=60)
 
 
