@@ -44,6 +44,10 @@ for profile in ${IMAGE_PROFILES:-minimal full}; do
         echo "$recipe" >"$stamp"
     fi
 done
+# The VM disk for a Proxmox template, from the same build (the boot test needs the minimal one).
+for profile in ${VM_PROFILES:-minimal}; do
+    image-build/build-qcow2.sh "$profile"
+done
 
 step "Configuration (.env)"
 if [ ! -f .env ]; then

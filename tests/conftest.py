@@ -120,7 +120,7 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
 
 
 @pytest.fixture(scope="session")
-def celery_worker(django_db_setup, driver_dir, tmp_path_factory):
+def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path_factory):
     """A real Celery worker process on the test database, Redis and the directory test driver."""
     celery_app.conf.broker_url = TEST_BROKER
     celery_app.conf.task_default_queue = TEST_QUEUE
@@ -171,8 +171,8 @@ def lxc_api(celery_worker, lxc_test_engine, members, plan, settings):
         wait_for_state(desktop.id, "destroyed", "error", timeout=60)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _close_stray_connections(django_db_setup, django_db_blocker):
+@pytest.fixture(scope="session")
+def close_stray_connections(django_db_setup, django_db_blocker):
     """Relay threads keep their own database connections; end them so the test database can be dropped."""
     yield
     from django.db import connection

@@ -19,7 +19,7 @@ from tests.factories import DesktopFactory, MembershipFactory
 from tests.support import services as real
 from workers.ssh import control_plane_public_key
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
 
 
 @pytest.fixture(scope="module")
