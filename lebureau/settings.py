@@ -157,14 +157,16 @@ CHANNEL_LAYERS = {
     }
 }
 
-# Live pages: server-sent events, kept in PostgreSQL for replay and fanned out across processes by Redis.
-EVENTSTREAM_STORAGE_CLASS = "django_eventstream.storage.DjangoModelStorage"
-EVENTSTREAM_CHANNELMANAGER_CLASS = "missioncontrol.streams.WorkspaceStreams"
+# Live pages: server-sent events, kept in Redis for replay and fanned out across processes by it, so an
+# open page holds no database connection.
 EVENTSTREAM_REDIS = {
     "host": env.str("EVENTSTREAM_REDIS_HOST", "127.0.0.1"),
     "port": env.int("EVENTSTREAM_REDIS_PORT", 6379),
     "db": env.int("EVENTSTREAM_REDIS_DB", 2),
 }
+EVENTSTREAM_STORAGE_CLASS = "django_eventstream.storage.RedisStorage"
+EVENTSTREAM_STORAGE_CONNECTION = EVENTSTREAM_REDIS
+EVENTSTREAM_CHANNELMANAGER_CLASS = "missioncontrol.streams.WorkspaceStreams"
 
 # Which compute engine runs the desktops: a registered name ("lxc", "proxmox") or a dotted path.
 COMPUTE_DRIVER = env.str("COMPUTE_DRIVER", "lxc")
@@ -198,3 +200,34 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", "INFO")},
 }
+
+# The Proxmox engine (COMPUTE_DRIVER=proxmox): the cluster's API and token, one template VMID per image
+# profile ("full=9000,minimal=9001"), placement, the firewall's control plane addresses, the warm pool.
+PROXMOX_HOST = env.str("PROXMOX_HOST", "127.0.0.1:8006")
+PROXMOX_TOKEN_USER = env.str("PROXMOX_TOKEN_USER", "lebureau@pve")
+PROXMOX_TOKEN_NAME = env.str("PROXMOX_TOKEN_NAME", "driver")
+PROXMOX_TOKEN_SECRET = env.str("PROXMOX_TOKEN_SECRET", "")
+PROXMOX_TEMPLATES = env.dict("PROXMOX_TEMPLATES", {}, subcast_values=int)
+# True, False, or the path of the CA bundle that signed the cluster's certificate.
+PROXMOX_VERIFY_SSL = env.str("PROXMOX_VERIFY_SSL", "true")
+PROXMOX_BRIDGE = env.str("PROXMOX_BRIDGE", "vmbr0")
+PROXMOX_DISK = env.str("PROXMOX_DISK", "scsi0")
+PROXMOX_FULL_CLONE = env.bool("PROXMOX_FULL_CLONE", False)
+PROXMOX_CLONE_STORAGE = env.str("PROXMOX_CLONE_STORAGE", "")
+PROXMOX_IPCONFIG = env.str("PROXMOX_IPCONFIG", "ip=dhcp")
+PROXMOX_MEMORY_RESERVE_MIB = env.int("PROXMOX_MEMORY_RESERVE_MIB", 2048)
+PROXMOX_CPU_OVERCOMMIT = env.float("PROXMOX_CPU_OVERCOMMIT", 4.0)
+# Where the control plane's connections come from: the only source allowed to desktops' SSH and VNC.
+PROXMOX_CONTROL_CIDRS = tuple(env.list("PROXMOX_CONTROL_CIDRS", []))
+PROXMOX_CONTROL_TCP_PORTS = tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [8000], subcast=int))
+PROXMOX_PRIVATE_CIDRS = tuple(
+    env.list("PROXMOX_PRIVATE_CIDRS", ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"])
+)
+# "profile:vcpus:memory_mib:disk_gib=size" per plan, e.g. "full:2:4096:20=2": size VMs on each node.
+PROXMOX_WARM_POOL = env.list("PROXMOX_WARM_POOL", [])
+PROXMOX_WARM_POOL_RUNNING = env.bool("PROXMOX_WARM_POOL_RUNNING", True)
+PROXMOX_WARM_POOL_INTERVAL = env.float("PROXMOX_WARM_POOL_INTERVAL", 60.0)
+PROXMOX_API_TIMEOUT = env.int("PROXMOX_API_TIMEOUT", 30)
+PROXMOX_TASK_TIMEOUT = env.float("PROXMOX_TASK_TIMEOUT", 600.0)
+PROXMOX_AGENT_TIMEOUT = env.float("PROXMOX_AGENT_TIMEOUT", 300.0)
+PROXMOX_SHUTDOWN_TIMEOUT = env.int("PROXMOX_SHUTDOWN_TIMEOUT", 60)

@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db import connection
 from django.http import Http404, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -26,6 +27,7 @@ from desktops.selectors import role_in
 from missioncontrol import forms
 
 LIVE_STATES = {DesktopState.RUNNING}
+PAGE_SIZE = 100
 
 
 def workspace_page(minimum: Role = Role.VIEWER):
@@ -67,6 +69,13 @@ def page(request, template: str, **context):
     )
 
 
+def query_without_page(request) -> str:
+    """The page's filters, for links to its other pages."""
+    query = request.GET.copy()
+    query.pop("page", None)
+    return query.urlencode()
+
+
 def attempt(request, call, success: str = "") -> bool:
     """Run a service call; its refusal becomes a message on the page, never a half-done change."""
     try:
@@ -105,7 +114,7 @@ def desktops(request):
     )
     if filters.cleaned_data.get("q"):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
-    rows = list(rows[:500])
+    rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
     for desktop in rows:
         desktop.cost = desktop_cost_so_far(desktop)
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
@@ -117,6 +126,7 @@ def desktops(request):
         template,
         desktops=rows,
         filters=filters,
+        query=query_without_page(request),
         new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
     )
 
@@ -196,6 +206,8 @@ def workspace_events(request, workspace_id):
     """
     if role_in(actor=Actor.from_request(request), workspace_id=workspace_id) is None:
         return HttpResponseForbidden("Not a member of this workspace.")
+    request.user.pk  # noqa: B018  (load the user now: the stream must not need the database)
+    connection.close()  # an open page must not hold a database connection for as long as it is open
     return eventstream_events(request, channels=[workspace_stream(workspace_id)])
 
 
@@ -358,5 +370,5 @@ def audit(request):
         "missioncontrol/audit.html",
         filters=filters,
         events=Paginator(events, 100).get_page(request.GET.get("page")),
-        query=request.GET.urlencode(),
+        query=query_without_page(request),
     )
