@@ -22,9 +22,17 @@ class Role(models.TextChoices):
         return list(Role).index(self)
 
 
+DEFAULT_AGENT_COMMAND = "openclaw agent --local --session-id {session} --message {message}"
+
+
 class Workspace(models.Model):
     id = PublicIdField("ws")
     name = models.CharField(max_length=100)
+    agent_command = models.CharField(
+        max_length=500,
+        default=DEFAULT_AGENT_COMMAND,
+        help_text="Run in a desktop for each chat message; {session} and {message} are filled in, quoted.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -237,3 +245,35 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+
+class ChatMessage(models.Model):
+    """One message of a desktop's conversation with its agent; kept for good."""
+
+    class Author(models.TextChoices):
+        OPERATOR = "operator"
+        AGENT = "agent"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        ERROR = "error"
+
+    id = PublicIdField("msg")
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="messages")
+    author = models.CharField(max_length=10, choices=Author.choices)
+    content = models.TextField(blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DONE)
+    reply_to = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="replies"
+    )
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self):
+        return f"{self.author} on {self.desktop_id}: {self.content[:40]}"

@@ -13,6 +13,7 @@ from desktops.models import (
     ApiKey,
     ApiScope,
     AuditEvent,
+    ChatMessage,
     Desktop,
     DesktopEvent,
     DesktopState,
@@ -167,3 +168,7 @@ def audit_list(
     if until:
         events = events.filter(at__lt=until)
     return events
+
+
+def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:
+    return desktop.messages.order_by("created_at")

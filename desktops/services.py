@@ -20,6 +20,7 @@ from desktops.events import AccessChanged, publish_access_change
 from desktops.lifecycle import TRANSITIONS, transition
 from desktops.models import (
     ApiKey,
+    ChatMessage,
     Desktop,
     DesktopState,
     Invitation,
@@ -32,7 +33,7 @@ from desktops.models import (
 )
 from desktops.selectors import role_in, workspace_get
 from workers.drivers import driver_name
-from workers.tasks import STEP_TASKS
+from workers.tasks import STEP_TASKS, chat_deliver
 
 
 def _validated(instance, **kwargs):
@@ -254,6 +255,38 @@ def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
 
 def _enqueue_step(desktop_id: str, action: str) -> None:
     transaction.on_commit(lambda: STEP_TASKS[action].delay(desktop_id=desktop_id))
+
+
+# Chat
+
+MAX_MESSAGE = 32_000
+
+
+def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
+    """Store an operator's message and queue the agent's turn; returns the (pending) reply."""
+    workspace_get(actor=actor, workspace_id=desktop.workspace_id, minimum=Role.MEMBER)
+    message = message.strip()
+    if not message or len(message) > MAX_MESSAGE:
+        raise Invalid(
+            f"A message has 1 to {MAX_MESSAGE} characters.", fields={"message": ["Empty or too long."]}
+        )
+    with transaction.atomic():
+        sent = ChatMessage.objects.create(
+            desktop=desktop, author=ChatMessage.Author.OPERATOR, content=message, created_by=actor.user
+        )
+        reply = ChatMessage.objects.create(
+            desktop=desktop, author=ChatMessage.Author.AGENT, status=ChatMessage.Status.QUEUED, reply_to=sent
+        )
+        # The words stay in the conversation, not in the audit trail: they may hold anything.
+        audit_record(
+            actor=actor,
+            action="chat.send",
+            workspace_id=desktop.workspace_id,
+            target=desktop.id,
+            length=len(message),
+        )
+        transaction.on_commit(lambda: chat_deliver.delay(message_id=reply.id))
+    return reply
 
 
 # Keys

@@ -71,3 +71,33 @@ def test_a_desktop_that_vanishes_is_found_by_reconcile(lxc_api):
     time.sleep(0.5)
     report = lifecycle.reconcile()
     assert desktop.id in report["drift"]
+
+
+def test_chat_runs_the_agent_command_in_the_desktop(lxc_api, workspace):
+    desktop = provision(lxc_api, "chatty")
+    url = f"/api/desktops/{desktop.id}/chat"
+
+    # The minimal image has no agent runtime: the answer says so plainly.
+    reply = lxc_api.post(url, {"message": "bonjour"}, format="json").json()
+    answer = wait_for_reply(reply["id"])
+    assert answer.status == "error" and "no agent runtime" in answer.content and "openclaw" in answer.content
+
+    # Any agent framework plugs in through the workspace's command; the message arrives quoted.
+    workspace.agent_command = 'sh -c \'echo "$1" > ~/last-task; echo agent heard: "$1"\' agent {message}'
+    workspace.save(update_fields=["agent_command"])
+    reply = lxc_api.post(url, {"message": "crée le fichier; rm -rf /"}, format="json").json()
+    answer = wait_for_reply(reply["id"])
+    assert (answer.status, answer.content) == ("done", "agent heard: crée le fichier; rm -rf /")
+    assert run(desktop, "cat ~/last-task").strip() == "crée le fichier; rm -rf /"
+    history = lxc_api.get(url).json()["results"]
+    assert [m["author"] for m in history] == ["operator", "agent", "operator", "agent"]
+
+
+def wait_for_reply(message_id: str, timeout: float = 30):
+    from desktops.models import ChatMessage
+
+    deadline = time.monotonic() + timeout
+    while (message := ChatMessage.objects.get(id=message_id)).status in ("queued", "running"):
+        assert time.monotonic() < deadline, f"no answer: {message.status}"
+        time.sleep(0.1)
+    return message

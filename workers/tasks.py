@@ -4,7 +4,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from desktops import lifecycle
+from desktops import chat, lifecycle
 from lebureau.celery import app
 from workers.drivers.base import TransientDriverError
 
@@ -54,3 +54,8 @@ STEP_TASKS = {action: _step_task(action) for action in lifecycle.TRANSITIONS}
 @app.task(name="workers.tasks.reconcile", acks_late=True, soft_time_limit=120)
 def reconcile() -> dict[str, list[str]]:
     return lifecycle.reconcile()
+
+
+@app.task(name="workers.tasks.chat_deliver", acks_late=True, soft_time_limit=chat.TURN_TIMEOUT + 60)
+def chat_deliver(*, message_id: str) -> None:
+    chat.chat_deliver(message_id=message_id)

@@ -6,6 +6,7 @@ from desktops.models import (
     ApiKey,
     ApiScope,
     AuditEvent,
+    ChatMessage,
     Desktop,
     DesktopEvent,
     LLMKey,
@@ -154,3 +155,15 @@ class RelaySessionSerializer(serializers.Serializer):
 
     def get_terminal_url(self, session) -> str:
         return f"/ws/desktops/{self.context['desktop_id']}/terminal?token={session.token}"
+
+
+class ChatSendSerializer(serializers.Serializer):
+    message = serializers.CharField(trim_whitespace=True)
+
+
+class ChatMessageSerializer(serializers.ModelSerializer):
+    reply_to = serializers.CharField(source="reply_to_id", read_only=True)
+
+    class Meta:
+        model = ChatMessage
+        fields = ["id", "author", "content", "status", "reply_to", "created_at", "completed_at"]

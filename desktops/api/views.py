@@ -124,6 +124,19 @@ class DesktopViewSet(ApiViewSet):
     def events(self, request, pk):
         return self.page(selectors.desktop_events(desktop=self._desktop(pk)), s.DesktopEventSerializer)
 
+    @extend_schema(
+        request=s.ChatSendSerializer,
+        responses={200: s.ChatMessageSerializer(many=True), 202: s.ChatMessageSerializer},
+    )
+    @action(detail=True, methods=["get", "post"])
+    def chat(self, request, pk):
+        """The conversation with the desktop's agent; POST a message, the answer arrives in it."""
+        if request.method == "GET":
+            return self.page(selectors.chat_list(desktop=self._desktop(pk)), s.ChatMessageSerializer)
+        message = self.valid(s.ChatSendSerializer, request.data)["message"]
+        reply = services.chat_send(actor=self.actor, desktop=self._desktop(pk, Role.MEMBER), message=message)
+        return Response(s.ChatMessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
+
     @extend_schema(request=s.RelaySessionRequestSerializer, responses={201: s.RelaySessionSerializer})
     @action(detail=True, methods=["post"])
     def sessions(self, request, pk):

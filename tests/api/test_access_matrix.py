@@ -80,6 +80,13 @@ CASES = [
         202,
         lambda ws, m: ("delete", f"/api/desktops/{_desktop(ws, m)}", None),
     ),
+    Case(
+        "send chat",
+        Role.MEMBER,
+        202,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/chat", {"message": "Lance les tests"}),
+    ),
+    Case("read chat", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/chat", None)),
     Case("get workspace", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}", None)),
     Case(
         "rename workspace",

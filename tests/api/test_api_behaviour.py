@@ -33,6 +33,23 @@ def test_seed_curl_create_then_list(api, workspace):
     assert [d["id"] for d in listed["results"]] == [body["id"]]
 
 
+def test_seed_curl_send_a_task(api, workspace):
+    desktop = DesktopFactory(workspace=workspace)
+    body = {"message": "Lance la suite de tests et rapporte les résultats"}
+    response = api.post(f"/api/desktops/{desktop.id}/chat", body, format="json")
+    assert response.status_code == 202
+    reply = response.json()
+    assert reply["author"] == "agent" and reply["status"] == "queued" and reply["replyTo"].startswith("msg_")
+    conversation = api.get(f"/api/desktops/{desktop.id}/chat").json()["results"]
+    assert [(m["author"], m["content"]) for m in conversation] == [
+        ("operator", body["message"]),
+        ("agent", ""),
+    ]
+    assert api.post(f"/api/desktops/{desktop.id}/chat", {"message": "  "}, format="json").status_code == 400
+    audit = AuditEvent.objects.get(action="chat.send")
+    assert body["message"] not in str(audit.detail)
+
+
 def test_list_filters_and_paginates(api, workspace):
     DesktopFactory.create_batch(3, workspace=workspace, state=DesktopState.RUNNING)
     DesktopFactory(workspace=workspace, state=DesktopState.STOPPED)
