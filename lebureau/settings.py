@@ -231,3 +231,8 @@ PROXMOX_API_TIMEOUT = env.int("PROXMOX_API_TIMEOUT", 30)
 PROXMOX_TASK_TIMEOUT = env.float("PROXMOX_TASK_TIMEOUT", 600.0)
 PROXMOX_AGENT_TIMEOUT = env.float("PROXMOX_AGENT_TIMEOUT", 300.0)
 PROXMOX_SHUTDOWN_TIMEOUT = env.int("PROXMOX_SHUTDOWN_TIMEOUT", 60)
+CELERY_BEAT_SCHEDULE["proxmox-warm-pool"] = {
+    "task": "workers.tasks.refill_warm_pool",
+    "schedule": PROXMOX_WARM_POOL_INTERVAL,
+    "options": {"expires": PROXMOX_WARM_POOL_INTERVAL},
+}

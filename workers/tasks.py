@@ -6,6 +6,7 @@ from django.conf import settings
 
 from desktops import chat, lifecycle
 from lebureau.celery import app
+from workers.drivers import get_driver
 from workers.drivers.base import TransientDriverError
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
@@ -59,3 +60,11 @@ def reconcile() -> dict[str, list[str]]:
 @app.task(name="workers.tasks.chat_deliver", acks_late=True, soft_time_limit=chat.TURN_TIMEOUT + 60)
 def chat_deliver(*, message_id: str) -> None:
     chat.chat_deliver(message_id=message_id)
+
+
+@app.task(name="workers.tasks.refill_warm_pool", acks_late=True, soft_time_limit=1800, time_limit=1830)
+def refill_warm_pool() -> dict[str, int]:
+    """Keep the Proxmox warm pool at its size; nothing to do for other engines or a zero-sized pool."""
+    if settings.COMPUTE_DRIVER != "proxmox" or not settings.PROXMOX_WARM_POOL:
+        return {}
+    return get_driver("proxmox").refill_pool()

@@ -61,6 +61,14 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     expect(page.locator("#terminal .xterm-rows")).to_contain_text("relay-42", timeout=10000)
     screenshot(page, "viewer-04-terminal")
 
+    # The chat pane: a task for the agent, and its answer (here the workspace's agent is `echo`).
+    workspace.agent_command = "echo done: {message}"
+    workspace.save(update_fields=["agent_command"])
+    page.fill("#chat-text", "compte les fichiers")
+    page.click("#chat-form button")
+    expect(page.locator("#chat-log")).to_contain_text("done: compte les fichiers", timeout=20000)
+    screenshot(page, "viewer-05-chat")
+
     # View mode: the relay itself drops input, whatever the page does.
     page.click("#mode-view")
     expect(page.locator("#mode-view")).to_have_attribute("aria-pressed", "true")
@@ -71,7 +79,7 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     page.keyboard.type("echo viewer-typed-$((1+1))\n", delay=10)
     page.wait_for_timeout(1000)
     expect(page.locator("#terminal .xterm-rows")).not_to_contain_text("viewer-typed-2")
-    screenshot(page, "viewer-05-view-mode")
+    screenshot(page, "viewer-06-view-mode")
 
     # Stopping the desktop (as the page's own API calls do) closes the relays with words.
     page.evaluate(
@@ -80,4 +88,4 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
         desktop.id,
     )
     expect(page.locator("#screen-status")).to_contain_text("stopped", timeout=30000)
-    screenshot(page, "viewer-06-stopped")
+    screenshot(page, "viewer-07-stopped")

@@ -10,6 +10,7 @@ from workers.drivers.base import ComputeDriver
 
 DRIVERS: dict[str, str] = {
     "lxc": "workers.drivers.lxc.LxcDriver",
+    "proxmox": "workers.drivers.proxmox.ProxmoxDriver",
 }
 
 

@@ -7,6 +7,7 @@ task that is retried or delivered twice converges instead of failing.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -83,6 +84,25 @@ class NetworkPolicy:
 
     allow_internet: bool = True
     allowed_cidrs: tuple[str, ...] = ()
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def guest_hostname(name: str) -> str:
+    """The hostname the guest gets: keys like ``dsk_ab12`` make good names but DNS names have no '_'."""
+    return name.replace("_", "-")
+
+
+def check_spec(spec: InstanceSpec, *, min_memory_mib: int) -> None:
+    """Refuse, permanently and in words, what no engine can build."""
+    if not _HOSTNAME.fullmatch(guest_hostname(spec.hostname)):
+        raise DriverError(f"{spec.hostname!r} is not a valid hostname (letters, digits and '-', at most 63)")
+    if spec.vcpus < 1 or spec.memory_mib < min_memory_mib or spec.disk_gib < 1:
+        raise DriverError(
+            f"desktop {spec.key} needs at least 1 vCPU, {min_memory_mib} MiB of memory and 1 GiB of disk "
+            f"(asked: {spec.vcpus}, {spec.memory_mib} MiB, {spec.disk_gib} GiB)"
+        )
 
 
 class ComputeDriver(abc.ABC):

@@ -44,11 +44,12 @@ from workers.drivers.base import (
     Progress,
     ProvisionStep,
     TransientDriverError,
+    check_spec,
+    guest_hostname,
     no_progress,
 )
 
 MARKER = "# managed-by: lebureau"
-_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 AGENT_UID = 1000
 # What each port must answer first for the desktop to count as usable.
 BANNERS = {22: b"SSH-", 5900: b"RFB "}
@@ -136,15 +137,7 @@ class LxcDriver(ComputeDriver):
 
     def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
         key = _checked(spec.key)
-        if not _HOSTNAME.fullmatch(guest_hostname(spec.hostname)):
-            raise DriverError(
-                f"{spec.hostname!r} is not a valid hostname (letters, digits and '-', at most 63)"
-            )
-        if spec.vcpus < 1 or spec.memory_mib < 128 or spec.disk_gib < 1:
-            raise DriverError(
-                f"desktop {key} needs at least 1 vCPU, 128 MiB of memory and 1 GiB of disk "
-                f"(asked: {spec.vcpus}, {spec.memory_mib} MiB, {spec.disk_gib} GiB)"
-            )
+        check_spec(spec, min_memory_mib=128)
         with self._locked(key):
             progress(ProvisionStep.CLONE)
             meta = self._read_meta(key)
@@ -609,11 +602,6 @@ class LxcDriver(ComputeDriver):
                     f"within {self.ready_timeout:.0f} s"
                 )
             time.sleep(0.05)
-
-
-def guest_hostname(hostname: str) -> str:
-    """The hostname the guest gets: keys like ``dsk_ab12`` make good names but systemd drops '_'."""
-    return hostname.replace("_", "-")
 
 
 def _answers(ip: str, port: int) -> bool:

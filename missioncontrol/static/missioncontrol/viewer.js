@@ -175,6 +175,54 @@ document.getElementById("clipboard-form").addEventListener("submit", (event) => 
   }
 });
 
+// The chat: the stored conversation, new messages, answers as they complete.
+
+const chatLog = document.getElementById("chat-log");
+let chatTimer = null;
+
+async function loadChat() {
+  clearTimeout(chatTimer);
+  try {
+    const page = await api("/chat?pageSize=200");
+    chatLog.replaceChildren(
+      ...page.results.map((m) => {
+        const item = document.createElement("li");
+        const waiting = m.status === "queued" || m.status === "running";
+        item.className = `${m.author} ${m.status === "error" ? "error" : ""} ${waiting ? "pending" : ""}`;
+        item.textContent = waiting ? "The agent is working…" : m.content;
+        return item;
+      }),
+    );
+    if (!page.results.length) chatLog.innerHTML = '<li class="muted">No message yet.</li>';
+    chatLog.scrollTop = chatLog.scrollHeight;
+    // While an answer is pending, look again shortly.
+    if (page.results.some((m) => m.status === "queued" || m.status === "running")) chatTimer = setTimeout(loadChat, 1500);
+  } catch (error) {
+    chatLog.innerHTML = "";
+    const item = document.createElement("li");
+    item.className = "error";
+    item.textContent = `The conversation could not be loaded (${error.message}).`;
+    chatLog.append(item);
+    chatTimer = setTimeout(loadChat, 5000);
+  }
+}
+
+const chatForm = document.getElementById("chat-form");
+if (chatForm) {
+  chatForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = document.getElementById("chat-text");
+    try {
+      await api("/chat", { method: "POST", body: JSON.stringify({ message: text.value }) });
+      text.value = "";
+    } catch (error) {
+      alert(error.message);
+    }
+    loadChat();
+  });
+}
+loadChat();
+
 // The side panel's tabs: chat, timeline, details.
 document.querySelectorAll("[data-tab]").forEach((tab) =>
   tab.addEventListener("click", () => {

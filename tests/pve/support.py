@@ -1,0 +1,91 @@
+"""Shared pieces of the Proxmox driver tests: a running simulator and a driver wired to it."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import threading
+
+import pytest
+
+from tests.pve.schema import SCHEMA_DIR, SCHEMA_FILE, Schema
+from tests.pve.simulator import Simulator, TaskTimes
+from workers.drivers.base import InstanceSpec
+from workers.drivers.proxmox import ProxmoxDriver
+
+needs_schema = pytest.mark.skipif(
+    not SCHEMA_FILE.is_file(),
+    reason=f"the PVE API schema is not at {SCHEMA_FILE} (GPL/AGPL, kept beside the clone in ../shared/)",
+)
+TEMPLATE = 9000
+CONTROL_CIDR = "10.10.0.5/32"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOv0Q0bVGbL7nJc3lYQ0T6SaoJ1NGQ3z0Dmp7Kx8t9bE lebureau-tests"
+
+
+# Clusters run PVE 8 or 9: the contract suite runs against both schemas.
+SCHEMA_VERSIONS = ("v8", "v9")
+
+
+@functools.cache
+def schema(version: str = "v9") -> Schema:
+    path = SCHEMA_DIR / f"apidata-{version}.json"
+    if not path.is_file():
+        pytest.skip(f"the PVE {version} API schema is not at {path}")
+    return Schema(path)
+
+
+def simulator(
+    nodes: dict[str, tuple[int, int]] | None = None, times: TaskTimes | None = None, version: str = "v9"
+) -> Simulator:
+    sim = Simulator(nodes or {"pve1": (65536, 16)}, times=times, schema=schema(version)).start()
+    sim.add_template(TEMPLATE, next(iter(sim.nodes)))
+    return sim
+
+
+class GuestRecorder:
+    """Stands for the SSH step: the simulator has no guest, so record what would be written."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, dict[str, str]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, spec: InstanceSpec, ip: str) -> None:
+        with self.lock:
+            self.calls.append((spec.key, ip, dict(spec.files)))
+
+
+def driver_for(sim: Simulator, **overrides) -> ProxmoxDriver:
+    user, token_name, secret = sim.token
+    options = {
+        "host": sim.host,
+        "token_user": user,
+        "token_name": token_name,
+        "token_secret": secret,
+        "verify_ssl": sim.ca_path,
+        "templates": {"minimal": TEMPLATE},
+        "control_cidrs": (CONTROL_CIDR,),
+        "guest_setup": GuestRecorder(),
+        "pool_ssh_public_key": SSH_KEY,
+        "poll_interval": 0.005,
+        "agent_timeout": 5.0,
+        "task_timeout": 10.0,
+        "shutdown_timeout": 0,
+        **overrides,
+    }
+    return ProxmoxDriver(**options)
+
+
+def make_spec(**overrides) -> InstanceSpec:
+    key = f"dsk_t{secrets.token_hex(6)}"
+    values = {
+        "key": key,
+        "hostname": key,
+        "vcpus": 1,
+        "memory_mib": 1024,
+        "disk_gib": 10,
+        "ssh_public_key": SSH_KEY,
+        "image_profile": "minimal",
+        "files": {"/etc/bureau/token": "secret-token\n"},
+    }
+    values.update(overrides)
+    return InstanceSpec(**values)
