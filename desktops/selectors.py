@@ -172,3 +172,13 @@ def audit_list(
 
 def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:
     return desktop.messages.order_by("created_at")
+
+
+def current_tasks(*, desktop_ids: list[str]) -> dict[str, str]:
+    """The message each desktop's agent is working on now, by desktop."""
+    pending = ChatMessage.objects.filter(
+        desktop_id__in=desktop_ids,
+        author=ChatMessage.Author.AGENT,
+        status__in=[ChatMessage.Status.QUEUED, ChatMessage.Status.RUNNING],
+    ).select_related("reply_to")
+    return {reply.desktop_id: reply.reply_to.content for reply in pending.order_by("created_at")}

@@ -8,7 +8,7 @@ from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponseForbidden, StreamingHttpResponse
@@ -25,6 +25,8 @@ from desktops.events import workspace_stream
 from desktops.models import DesktopState, Role
 from desktops.selectors import role_in
 from missioncontrol import forms
+from workers.drivers import get_driver
+from workers.drivers.base import DriverError
 
 LIVE_STATES = {DesktopState.RUNNING}
 PAGE_SIZE = 100
@@ -115,7 +117,9 @@ def desktops(request):
     if filters.cleaned_data.get("q"):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
     rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
+    tasks = selectors.current_tasks(desktop_ids=[d.id for d in rows])
     for desktop in rows:
+        desktop.task = tasks.get(desktop.id, "")
         desktop.cost = desktop_cost_so_far(desktop)
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     template = (
@@ -194,6 +198,7 @@ def desktop(request, desktop_id):
         desktop=found,
         can_control=request.role.rank >= Role.MEMBER.rank,
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
+        usage=desktop_usage(found),
         cost=desktop_cost_so_far(found),
     )
 
@@ -209,6 +214,16 @@ def workspace_events(request, workspace_id):
     request.user.pk  # noqa: B018  (load the user now: the stream must not need the database)
     connection.close()  # an open page must not hold a database connection for as long as it is open
     return eventstream_events(request, channels=[workspace_stream(workspace_id)])
+
+
+def desktop_usage(desktop):
+    """What a running desktop uses now, if its engine is reachable from here and can tell."""
+    if desktop.state != DesktopState.RUNNING:
+        return None
+    try:
+        return get_driver(desktop.driver).usage(desktop.id)
+    except (ImproperlyConfigured, DriverError):
+        return None
 
 
 # Settings

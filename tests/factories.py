@@ -52,7 +52,7 @@ class DesktopFactory(factory.django.DjangoModelFactory):
     plan = factory.SubFactory(PlanFactory)
     name = factory.Sequence(lambda n: f"desk-{n}")
     image_profile = "minimal"
-    driver = "directory"
+    driver = "tests.support.directory_driver.DirectoryDriver"
     driver_ref = factory.LazyAttribute(lambda d: "ref")
     state = DesktopState.RUNNING
 

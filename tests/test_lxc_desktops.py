@@ -101,3 +101,14 @@ def wait_for_reply(message_id: str, timeout: float = 30):
         assert time.monotonic() < deadline, f"no answer: {message.status}"
         time.sleep(0.1)
     return message
+
+
+def test_resource_use_is_read_from_the_container(lxc_api, workspace, client, members):
+    desktop = provision(lxc_api, "measured")
+    from workers.drivers import get_driver
+
+    usage = get_driver("lxc").usage(desktop.id)
+    assert 10 * 2**20 < usage.memory_bytes < desktop.plan.memory_mib * 2**20 and usage.cpu_seconds > 0
+    client.force_login(members["member"].user)
+    page = client.get(f"/desktops/{desktop.id}/").content.decode()
+    assert "MiB of memory" in page and "s of CPU since start" in page

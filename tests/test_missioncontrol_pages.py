@@ -3,6 +3,8 @@
 import pytest
 from django.core import mail
 
+from desktops import services
+from desktops.audit import Actor
 from desktops.models import ApiKey, AuditEvent, DesktopState, Invitation, LLMKey, Role
 from tests.factories import DesktopFactory, MembershipFactory, UserFactory
 
@@ -44,7 +46,7 @@ def test_pages_need_a_login(client, workspace):
 
 
 def test_desktops_page_lists_with_state_plan_ip_and_cost(client, members, workspace, plan):
-    DesktopFactory(workspace=workspace, name="alpha", private_ip="10.0.0.9")
+    alpha = DesktopFactory(workspace=workspace, name="alpha", private_ip="10.0.0.9")
     DesktopFactory(workspace=workspace, name="beta", state=DesktopState.STOPPED)
     DesktopFactory(name="elsewhere")
     page = logged_in(client, members[Role.VIEWER]).get(f"/w/{workspace.id}/desktops/").content.decode()
@@ -53,6 +55,10 @@ def test_desktops_page_lists_with_state_plan_ip_and_cost(client, members, worksp
     filtered = client.get(f"/w/{workspace.id}/desktops/?state=stopped").content.decode()
     assert "beta" in filtered and "alpha" not in filtered
     assert "New Computer" not in page  # viewers only watch
+    services.chat_send(
+        actor=Actor(user=members[Role.OWNER].user), desktop=alpha, message="Audit the invoices"
+    )
+    assert "Audit the invoices" in client.get(f"/w/{workspace.id}/desktops/").content.decode()
 
 
 def test_new_computer_goes_through_the_service(client, members, workspace, plan):

@@ -79,6 +79,12 @@ class InstanceStatus:
 
 
 @dataclass(frozen=True)
+class InstanceUsage:
+    memory_bytes: int
+    cpu_seconds: float
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     """Egress rules for one desktop; desktops never reach each other whatever this says."""
 
@@ -145,6 +151,10 @@ class ComputeDriver(abc.ABC):
 
     @abc.abstractmethod
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None: ...
+
+    def usage(self, key: str) -> InstanceUsage | None:
+        """What the instance uses now, where the engine can tell; None where it cannot."""
+        return None
 
     def image_metadata(self, key: str) -> dict:
         """What the engine knows of the image the instance was made from (profile, build, packages)."""

@@ -40,6 +40,7 @@ from workers.drivers.base import (
     InstanceSpec,
     InstanceState,
     InstanceStatus,
+    InstanceUsage,
     NetworkPolicy,
     Progress,
     ProvisionStep,
@@ -228,6 +229,20 @@ class LxcDriver(ComputeDriver):
     def status(self, key: str) -> InstanceStatus:
         key = _checked(key)
         return self._status(key)
+
+    def usage(self, key: str) -> InstanceUsage | None:
+        """From the container's cgroup (v1 or v2): memory in use and CPU time since it started."""
+        key = _checked(key)
+        v1_memory = Path(f"/sys/fs/cgroup/memory/lxc.payload.{key}/memory.usage_in_bytes")
+        v1_cpu = Path(f"/sys/fs/cgroup/cpuacct/lxc.payload.{key}/cpuacct.usage")
+        v2 = Path(f"/sys/fs/cgroup/lxc.payload.{key}")
+        try:
+            if v1_memory.exists():
+                return InstanceUsage(int(v1_memory.read_text()), int(v1_cpu.read_text()) / 1e9)
+            stat = dict(line.split() for line in (v2 / "cpu.stat").read_text().splitlines())
+            return InstanceUsage(int((v2 / "memory.current").read_text()), int(stat["usage_usec"]) / 1e6)
+        except (OSError, KeyError, ValueError):
+            return None  # stopped, or gone between the check and the read
 
     def image_metadata(self, key: str) -> dict:
         """The ``image.json`` of the golden image build the desktop was cloned from (LXC only)."""
