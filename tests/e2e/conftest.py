@@ -66,3 +66,10 @@ def _hashers_the_web_server_knows(settings):
     from django.conf import global_settings
 
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+
+
+def let_the_network_settle(page) -> None:
+    """Chromium drops its requests for a moment whenever the host's interfaces change, and a new
+    desktop's veth keeps changing (IPv6 address states) for a second or two after it answers: an
+    artefact of the browser running on the desktops' own host, which a remote browser never sees."""
+    page.wait_for_timeout(3000)

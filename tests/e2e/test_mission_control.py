@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 
 from desktops.models import Desktop
 from tests.conftest import LXC_IMAGE, web_server
-from tests.e2e.conftest import screenshot
+from tests.e2e.conftest import let_the_network_settle, screenshot
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -50,10 +50,7 @@ def test_sign_up_to_a_running_desktop_and_back(page, site, lxc_api):
     assert page.evaluate("window.__sameDocument") is True
     screenshot(page, "mc-04-running")
 
-    # Chromium drops its requests for a moment whenever the host's interfaces change, and a new
-    # desktop's veth settles (IPv6 address states) for a second or two: a test-only artefact of the
-    # browser running on the desktops' own host.
-    page.wait_for_timeout(3000)
+    let_the_network_settle(page)
     row.get_by_role("link", name="first-agent").click()
     expect(page.locator("#screen canvas")).to_be_visible(timeout=15000)
     expect(page.locator("#screen-status")).to_be_hidden(timeout=15000)

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from desktops.models import Role
 from tests.conftest import LXC_IMAGE, web_server
-from tests.e2e.conftest import log_in, screenshot
+from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
 from tests.factories import MembershipFactory
 from tests.support.desktops import provision, run
 
@@ -33,13 +33,14 @@ def site(tmp_path_factory, driver_dir):
 def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     desktop = provision(lxc_api, "e2e-desk")
     member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    let_the_network_settle(page)
 
     log_in(page, site, member.user.email, PASSWORD)
     screenshot(page, "viewer-01-desktops")
     page.click("text=e2e-desk")
     page.wait_for_url(f"{site}/desktops/{desktop.id}/")
-    expect(page.locator("#screen canvas")).to_be_visible(timeout=15000)
-    expect(page.locator("#screen-status")).to_be_hidden(timeout=15000)
+    expect(page.locator("#screen canvas")).to_be_visible(timeout=30000)
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
     page.wait_for_timeout(1500)  # the session's terminal window maps a moment after VNC answers
     screenshot(page, "viewer-02-connected")
 
@@ -72,7 +73,7 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     # View mode: the relay itself drops input, whatever the page does.
     page.click("#mode-view")
     expect(page.locator("#mode-view")).to_have_attribute("aria-pressed", "true")
-    expect(page.locator("#screen-status")).to_be_hidden(timeout=15000)
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
     expect(page.locator("#terminal-status")).to_be_hidden(timeout=15000)
     page.evaluate("document.querySelector('#terminal textarea').removeAttribute('disabled')")
     page.click("#terminal")

@@ -14,7 +14,8 @@ const ACK_EVERY = 32 * 1024; // the terminal relay pauses when too much output i
 let mode = canControl ? "control" : "view";
 let rfb = null;
 let terminalSocket = null;
-let retryDelay = 1000;
+const FIRST_RETRY = 500; // a blip is usually over by then; longer outages back off to 15 s
+let retryDelay = FIRST_RETRY;
 let retryTimer = null;
 
 const screenStatus = document.getElementById("screen-status");
@@ -53,7 +54,7 @@ function connectScreen(session) {
   screen.scaleViewport = true;
   screen.background = "#111";
   screen.addEventListener("connect", () => {
-    retryDelay = 1000;
+    retryDelay = FIRST_RETRY;
     show(screenStatus, "");
     screen.focus();
   });
@@ -152,7 +153,7 @@ function scheduleReconnect(reason) {
   clearTimeout(retryTimer);
   show(screenStatus, `${reason || "Disconnected."} Reconnecting in ${Math.round(retryDelay / 1000)} s…`);
   retryTimer = setTimeout(connect, retryDelay);
-  retryDelay = Math.min(retryDelay * 2, 30000);
+  retryDelay = Math.min(retryDelay * 2, 15000);
 }
 
 // Controls
