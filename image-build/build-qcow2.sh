@@ -44,16 +44,7 @@ die() { echo "build-qcow2: $*" >&2; exit 1; }
 # Host tools: the build needs the first five; qemu-system-x86 and genisoimage are for the boot test
 # (tests/image/test_qcow2_boot.py), installed here so one command readies a CI machine.
 HOST_PACKAGES=(qemu-utils fdisk e2fsprogs util-linux mount python3 qemu-system-x86 genisoimage)
-missing=()
-for p in "${HOST_PACKAGES[@]}"; do
-    # shellcheck disable=SC2016 # dpkg-query's format, not the shell's
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    step "host: installing ${missing[*]}"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+"$(dirname "$HERE")/scripts/apt-ensure.sh" --no-recommends "${HOST_PACKAGES[@]}"
 
 # What the VM adds to the LXC package set.
 VM_PACKAGES=(linux-image-amd64 initramfs-tools udev kmod grub-pc cloud-init cloud-guest-utils fdisk

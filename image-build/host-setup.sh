@@ -29,17 +29,8 @@ done
 [ "$(id -u)" = 0 ] || { echo "host-setup.sh must run as root" >&2; exit 1; }
 
 PACKAGES=(lxc debootstrap nftables uidmap iproute2 e2fsprogs openssh-client mount util-linux python3 rsync)
-missing=()
-for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "==> installing ${missing[*]}"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-    echo "==> host packages already installed"
-fi
+echo "==> host packages: ${PACKAGES[*]}"
+"$REPO/scripts/apt-ensure.sh" --no-recommends "${PACKAGES[@]}"
 
 # Unprivileged containers: root's guests run as 100000-165535 on the host.
 for f in /etc/subuid /etc/subgid; do

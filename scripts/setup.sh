@@ -7,18 +7,12 @@ cd "$(dirname "$0")/.."
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 step "System packages"
-missing=()
 # Services, the browser libraries' toolchain, and what the tests dial: a real VNC server with an
 # xterm on it, sshd, xclip to read a screen's clipboard, and Chromium for the browser tests.
-for pkg in postgresql redis-server python3-venv tigervnc-standalone-server xterm xclip \
-    openssh-server chromium; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
+scripts/apt-ensure.sh postgresql redis-server python3-venv tigervnc-standalone-server xterm xclip \
+    openssh-server chromium
 # Any Node.js with npm will do for the browser libraries; Debian's only if there is none.
-command -v npm >/dev/null || missing+=(nodejs npm)
-if ((${#missing[@]})); then
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-fi
+command -v npm >/dev/null || scripts/apt-ensure.sh nodejs npm
 echo "ok"
 
 step "PostgreSQL and Redis"
