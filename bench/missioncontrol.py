@@ -35,7 +35,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model  # noqa: E402
 from django.contrib.sessions.backends.db import SessionStore  # noqa: E402
 
-from bench.provision_driver import summary  # noqa: E402
+from bench.stats import percentile, summary  # noqa: E402
 from desktops import lifecycle, services  # noqa: E402
 from desktops.audit import SYSTEM, Actor  # noqa: E402
 from desktops.models import Desktop, DesktopState, Plan  # noqa: E402
@@ -177,21 +177,16 @@ def main() -> None:
     print(
         f"{args.desktops} desktops in one workspace; {args.requests} sequential requests each, after warm-up"
     )
-    print(summary("desktops page (ms)", ms).replace(" s", " ms"))
-    print(summary("GET /api/desktops (ms)", [t * 1000 for t in api_times]).replace(" s", " ms"))
+    print(summary("desktops page", ms, unit="ms"))
+    print(summary("GET /api/desktops", [t * 1000 for t in api_times], unit="ms"))
     print(
         f"  p95 target <= 100 ms: page {percentile(ms, 0.95):.1f} ms, "
         f"API {percentile([t * 1000 for t in api_times], 0.95):.1f} ms"
     )
     d_ms = [d * 1000 for d in delays]
     print(f"{len(delays)}/{args.streams} event streams got the state change:")
-    print(summary("  delay (ms)", d_ms).replace(" s", " ms"))
+    print(summary("  delay", d_ms, unit="ms"))
     print(f"  slowest stream {max(d_ms):.1f} ms (target <= 500 ms); median {statistics.median(d_ms):.1f} ms")
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p * (len(ordered) - 1)))]
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ django.setup()
 import requests  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
-from bench.provision_driver import memory_of, summary  # noqa: E402
+from bench.provision_driver import memory_of  # noqa: E402
+from bench.stats import summary  # noqa: E402
 from desktops import services  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from lebureau.celery import app as celery_app  # noqa: E402

@@ -14,7 +14,6 @@ import argparse
 import ipaddress
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import summary
 from workers.drivers.base import InstanceSpec
 from workers.drivers.lxc import LxcDriver
 
@@ -61,15 +61,6 @@ def timed_provision(driver: LxcDriver, s: InstanceSpec) -> float:
     start = time.perf_counter()
     driver.provision(s)
     return time.perf_counter() - start
-
-
-def summary(name: str, seconds: list[float]) -> str:
-    ordered = sorted(seconds)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return (
-        f"{name:<28} n={len(seconds):<3} median {statistics.median(seconds):6.3f} s   "
-        f"p95 {p95:6.3f} s   min {ordered[0]:6.3f} s   max {ordered[-1]:6.3f} s"
-    )
 
 
 def memory_of(key: str) -> dict[str, float]:

@@ -35,6 +35,7 @@ django.setup()
 import websockets  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from bench.stats import percentile  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from desktops.models import Desktop, DesktopState, Membership, Plan, Role, Workspace  # noqa: E402
 from proxies.sessions import relay_session_create  # noqa: E402
@@ -50,11 +51,6 @@ RAW, ZRLE = 0, 16
 
 def update_request(incremental: int, w: int, h: int) -> bytes:
     return struct.pack(">BBHHHH", 3, incremental, 0, 0, w, h)
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
 class RfbReader:
