@@ -1,67 +1,241 @@
-"""The agent bridge, worker side: hand an operator's message to the agent runtime in the desktop.
+"""The agent bridge, worker side: hand an operator's message to the agent runtime in the desktop
+and stream its answer back as it comes.
 
-The runtime is a command run over SSH as the desktop's agent user (the workspace's
-`agent_command`, OpenClaw's CLI by default); its output is the agent's answer.
+Each turn runs detached inside the desktop (`bureau chat run`), so it outlives the worker that
+started it. The worker follows its output over SSH, storing it with its byte offset and
+publishing each piece to the open pages. A worker that dies leaves a stale heartbeat; then
+`chat_resume` hands the turn to another worker, which follows on from the stored offset.
+A desktop runs one turn at a time: later messages wait, queued, in the order they came.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
+import select
 import shlex
+import time
+from datetime import timedelta
 
 import paramiko
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from desktops.models import ChatMessage, DesktopState
+from desktops.events import ChatUpdated, publish_chat_update
+from desktops.models import ChatMessage, Desktop, DesktopState
 from workers.ssh import desktop_ssh_connect
 
-# An agent turn may take long (it works in the desktop); past this the answer is given up on.
-TURN_TIMEOUT = 3600
-# Shells answer 127 for a command they cannot find.
+Status = ChatMessage.Status
+# Shells answer 127 for a command they cannot find; `bureau chat run` 125 for a turn that vanished.
 NOT_FOUND = 127
+LOST = 125
+# How often the follower saves what it has (and shows it alive), at most.
+FLUSH_SECONDS = 0.2
+HEARTBEAT_SECONDS = 5.0
+RUNS_DIR = ".local/state/bureau/chat"
 
 
 def agent_command(template: str, *, session: str, message: str) -> str:
     return template.format(session=shlex.quote(session), message=shlex.quote(message))
 
 
-def chat_deliver(*, message_id: str) -> None:
-    """Run one queued agent turn; the reply row ends `done` with the answer or `error` with why."""
-    if not ChatMessage.objects.filter(id=message_id, status=ChatMessage.Status.QUEUED).update(
-        status=ChatMessage.Status.RUNNING
-    ):
-        return  # gone, or another worker has it
-    reply = ChatMessage.objects.select_related("desktop__workspace", "reply_to").get(id=message_id)
+def chat_claim_next(*, desktop_id: str) -> ChatMessage | None:
+    """Start the desktop's oldest queued turn, unless one is running; the claimed reply, or None."""
+    with transaction.atomic():
+        # Claims for one desktop take turns on its row, so two workers never both see it idle.
+        if not Desktop.objects.select_for_update().filter(id=desktop_id).exists():
+            return None
+        if ChatMessage.objects.filter(desktop_id=desktop_id, status=Status.RUNNING).exists():
+            return None
+        queued = ChatMessage.objects.select_related("desktop").filter(
+            desktop_id=desktop_id, status=Status.QUEUED
+        )
+        reply = queued.order_by("created_at").first()
+        if reply is None:
+            return None
+        reply.status, reply.heartbeat_at = Status.RUNNING, timezone.now()
+        reply.save(update_fields=["status", "heartbeat_at"])
+        _publish(reply, at=0, text="")
+    return reply
+
+
+def chat_resume() -> tuple[list[str], list[str]]:
+    """Turns nobody follows any more (their worker died) and desktops whose queue stalled.
+
+    Returns the replies now handed to the caller to follow, and the desktops to start a turn on.
+    """
+    now = timezone.now()
+    orphans = []
+    for reply_id, beat in ChatMessage.objects.filter(
+        status=Status.RUNNING, heartbeat_at__lt=now - timedelta(seconds=settings.CHAT_STALE_AFTER)
+    ).values_list("id", "heartbeat_at"):
+        # Conditional on the beat we read: of two resumers, one wins.
+        if ChatMessage.objects.filter(id=reply_id, heartbeat_at=beat).update(heartbeat_at=now):
+            orphans.append(reply_id)
+    running = ChatMessage.objects.filter(desktop_id=OuterRef("desktop_id"), status=Status.RUNNING)
+    stalled = (
+        ChatMessage.objects.filter(
+            status=Status.QUEUED, created_at__lt=now - timedelta(seconds=settings.CHAT_STALE_AFTER)
+        )
+        .exclude(Exists(running))
+        .values_list("desktop_id", flat=True)
+        .distinct()
+    )
+    return orphans, list(stalled)
+
+
+def chat_follow(*, message_id: str) -> str | None:
+    """Run (or rejoin) a claimed turn and stream its answer; the reply ends `done`, or `error` with why.
+
+    Returns the desktop's id once the turn is over (its next message may start), None if there was none.
+    """
+    reply = ChatMessage.objects.select_related("desktop__workspace", "reply_to").filter(id=message_id).first()
+    if reply is None or reply.status != Status.RUNNING:
+        return None
+    _run_turn(reply)
+    return reply.desktop_id
+
+
+def _run_turn(reply: ChatMessage) -> None:
     desktop = reply.desktop
     if desktop.state != DesktopState.RUNNING:
-        return _finish(
-            reply, f"The desktop is {desktop.state}: start it, then send the message again.", failed=True
-        )
+        _finish(reply, f"The desktop is {desktop.state}: start it, then send the message again.", failed=True)
+        return
     template = desktop.workspace.agent_command
     command = agent_command(template, session=desktop.id, message=reply.reply_to.content)
+    answer = _Answer(reply)
     try:
         with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
-            _, out, err = ssh.exec_command(command, timeout=TURN_TIMEOUT)
-            answer, errors = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-            status = out.channel.recv_exit_status()
+            channel = ssh.get_transport().open_session()
+            channel.exec_command(f"bureau chat run {shlex.quote(reply.id)} --offset {reply.output_offset}")
+            channel.sendall(command.encode())
+            channel.shutdown_write()
+            status, errors = _stream(channel, answer)
+            usage = _usage(ssh, reply.id)
     except (paramiko.SSHException, OSError) as exc:
-        return _finish(reply, f"The desktop's agent could not be reached: {exc}", failed=True)
+        _finish(reply, f"The desktop's agent could not be reached: {exc}", failed=True, answer=answer)
+        return
+    answer.save()
+    if status == 0:
+        _finish(reply, answer.text.strip(), failed=False, usage=usage)
+        return
     if status == NOT_FOUND:
         program = shlex.split(template)[0]
-        return _finish(
-            reply,
-            f"This desktop has no agent runtime: `{program}` is not installed there. "
-            "Use the full image, or set the workspace's agent command.",
-            failed=True,
+        detail = errors.strip() or f"`{program}` is not installed there."
+        why = f"This desktop has no agent runtime: {detail} Use the full image, or change the agent command."
+    elif status == LOST:
+        why = "The agent stopped without finishing (did the desktop restart?)."
+    else:
+        why = f"The agent stopped with status {status}: {errors.strip()[-2000:] or 'it gave no reason.'}"
+    _finish(reply, why, failed=True, answer=answer)
+
+
+def _stream(channel: paramiko.Channel, answer: _Answer) -> tuple[int, str]:
+    """Feed the turn's output to `answer` as it comes; its exit status and error output."""
+    errors = bytearray()
+    deadline = time.monotonic() + settings.CHAT_TURN_TIMEOUT
+    while True:
+        while channel.recv_ready():
+            answer.add(channel.recv(65536))
+        while channel.recv_stderr_ready():
+            errors += channel.recv_stderr(65536)
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer within {settings.CHAT_TURN_TIMEOUT} s")
+        select.select([channel], [], [], FLUSH_SECONDS)
+        answer.tick()
+    return channel.recv_exit_status(), errors.decode(errors="replace")
+
+
+def _usage(ssh: paramiko.SSHClient, reply_id: str) -> dict:
+    """What the runtime reported the turn cost (`usage.json` in its run directory), if it did."""
+    _, out, _ = ssh.exec_command(f"cat {RUNS_DIR}/{shlex.quote(reply_id)}/usage.json 2>/dev/null")
+    try:
+        usage = json.loads(out.read() or b"{}")
+    except ValueError:
+        return {}
+    return usage if isinstance(usage, dict) else {}
+
+
+class _Answer:
+    """The answer as it streams in: decoded, saved with its byte offset, published in pieces."""
+
+    def __init__(self, reply: ChatMessage):
+        self.reply = reply
+        self.text = reply.content
+        self.offset = reply.output_offset
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._undecoded = 0
+        self._pending = ""
+        # Never saved yet: the first piece goes out at once (it is the one the operator waits for).
+        self._saved_at, self._beat_at = 0.0, time.monotonic()
+
+    def add(self, data: bytes) -> None:
+        piece = self._decoder.decode(data)
+        self.text += piece
+        self._pending += piece
+        # Only whole characters count: a resumed follower starts on a character boundary.
+        self.offset += len(data)
+        self._undecoded = len(self._decoder.getstate()[0])
+        self.tick()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if (
+            self._pending and now - self._saved_at >= FLUSH_SECONDS
+        ) or now - self._beat_at >= HEARTBEAT_SECONDS:
+            self.save()
+
+    def save(self) -> None:
+        offset = self.offset - self._undecoded
+        ChatMessage.objects.filter(id=self.reply.id).update(
+            content=self.text, output_offset=offset, heartbeat_at=timezone.now()
         )
-    if status != 0:
-        detail = errors.strip()[-2000:] or answer.strip()[-2000:]
-        return _finish(reply, f"The agent stopped with status {status}: {detail}", failed=True)
-    _finish(reply, answer.strip(), failed=False)
+        if self._pending:
+            _publish(self.reply, at=len(self.text) - len(self._pending), text=self._pending)
+            self._pending = ""
+        self._saved_at = self._beat_at = time.monotonic()
 
 
-def _finish(reply: ChatMessage, content: str, *, failed: bool) -> None:
+def _finish(
+    reply: ChatMessage,
+    content: str,
+    *,
+    failed: bool,
+    answer: _Answer | None = None,
+    usage: dict | None = None,
+) -> None:
+    usage = usage or {}
+    reply.status = Status.ERROR if failed else Status.DONE
+    if failed and answer is not None and answer.text.strip():
+        content = f"{answer.text.strip()}\n\n{content}"  # what the agent said before failing is kept
     ChatMessage.objects.filter(id=reply.id).update(
         content=content,
-        status=ChatMessage.Status.ERROR if failed else ChatMessage.Status.DONE,
+        status=reply.status,
         completed_at=timezone.now(),
+        input_tokens=_count(usage, "inputTokens"),
+        output_tokens=_count(usage, "outputTokens"),
+        model_requests=_count(usage, "requests"),
+    )
+    _publish(reply, at=0, text=content)
+
+
+def _count(usage: dict, name: str) -> int:
+    value = usage.get(name, 0)
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+def _publish(reply: ChatMessage, *, at: int, text: str) -> None:
+    publish_chat_update(
+        ChatUpdated(
+            message_id=reply.id,
+            desktop_id=reply.desktop_id,
+            workspace_id=reply.desktop.workspace_id,
+            status=reply.status,
+            at=at,
+            text=text,
+        )
     )

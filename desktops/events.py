@@ -65,6 +65,19 @@ class AccessChanged:
     type: str = "access.changed"
 
 
+@dataclass(frozen=True)
+class ChatUpdated:
+    """An agent's answer grew or ended: `text` is what came at character `at` of its content."""
+
+    message_id: str
+    desktop_id: str
+    workspace_id: str
+    status: str
+    at: int
+    text: str
+    type: str = "chat.message"
+
+
 _pending: set[asyncio.Task] = set()
 
 
@@ -86,6 +99,10 @@ def publish_state_change(event: DesktopStateChanged) -> None:
         send_event(workspace_stream(event.workspace_id), "desktop", asdict(event))
 
     transaction.on_commit(send)
+
+
+def publish_chat_update(event: ChatUpdated) -> None:
+    transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "chat", asdict(event)))
 
 
 def publish_access_change(event: AccessChanged) -> None:

@@ -114,8 +114,8 @@ def desktop_progress(desktop: Desktop, step: str) -> None:
         publish_state_change(DesktopStateChanged.of(desktop))
 
 
-def desktop_run_step(*, desktop_id: str, action: str) -> None:
-    """Carry out one step for a desktop already moved to the step's transitional state.
+def desktop_run_step(*, desktop_id: str, action: str) -> bool:
+    """Carry out one step for a desktop already moved to the step's transitional state; True once done.
 
     Anything else (row gone, step already done, superseded by a destroy) is a no-op,
     which makes redelivered tasks harmless. Transient driver errors propagate so the
@@ -125,15 +125,14 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
     desktop = Desktop.objects.select_related("plan").filter(id=desktop_id).first()
     if desktop is None or desktop.state != step.via:
         logger.info("skip %s of %s: state is %s", action, desktop_id, desktop and desktop.state)
-        return
+        return False
     driver = get_driver(desktop.driver)
     try:
         if action == "destroy":
             driver.destroy(desktop.id)
-            transition(
+            return transition(
                 desktop_id=desktop.id, sources={step.via}, target=step.target, actor=SYSTEM, private_ip=None
             )
-            return
         # A desktop whose first provision failed has no instance yet: starting it provisions it.
         fresh = action == "provision" or not desktop.driver_ref
         if fresh:
@@ -151,7 +150,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
         if exc.transient:
             raise
         desktop_step_failed(desktop_id=desktop.id, action=action, message=exc.message)
-        return
+        return False
     done = transition(
         desktop_id=desktop.id,
         sources={step.via},
@@ -166,6 +165,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> None:
     if not done and action == "provision":
         # A destroy overtook this provision; make sure what was just built does not outlive it.
         driver.destroy(desktop.id)
+    return done
 
 
 def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:

@@ -22,7 +22,9 @@ class Role(models.TextChoices):
         return list(Role).index(self)
 
 
-DEFAULT_AGENT_COMMAND = "openclaw agent --local --session-id {session} --message {message}"
+# OpenClaw's gateway, kept warm in the desktop, through the guest helper (a cold
+# `openclaw agent --local` per message spends ~15 s starting Node.js).
+DEFAULT_AGENT_COMMAND = "bureau openclaw --session {session} --message {message}"
 
 
 class Workspace(models.Model):
@@ -204,6 +206,8 @@ class LLMKey(models.Model):
     provider = models.CharField(max_length=20, choices=LLMProvider.choices)
     name = models.CharField(max_length=100)
     base_url = models.URLField(blank=True)
+    # The model the agent uses through this key; blank takes the provider's default.
+    model = models.CharField(max_length=200, blank=True)
     secret_encrypted = models.TextField()
     last4 = models.CharField(max_length=4)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
@@ -271,6 +275,14 @@ class ChatMessage(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+    # The bridge's place in the agent's output (bytes), so a new worker picks up where one died.
+    output_offset = models.PositiveBigIntegerField(default=0)
+    # Set by the worker following the turn; a stale one means nobody is following it.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # What the agent's turn cost, as its runtime reported it.
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    model_requests = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["created_at"]

@@ -182,3 +182,12 @@ def current_tasks(*, desktop_ids: list[str]) -> dict[str, str]:
         status__in=[ChatMessage.Status.QUEUED, ChatMessage.Status.RUNNING],
     ).select_related("reply_to")
     return {reply.desktop_id: reply.reply_to.content for reply in pending.order_by("created_at")}
+
+
+def desktop_ids_running(*, workspace_id: str) -> list[str]:
+    """The workspace's running desktops, for work done on the system's behalf (no actor to scope by)."""
+    return list(
+        Desktop.objects.filter(workspace_id=workspace_id, state=DesktopState.RUNNING).values_list(
+            "id", flat=True
+        )
+    )

@@ -33,7 +33,7 @@ from desktops.models import (
 )
 from desktops.selectors import role_in, workspace_get
 from workers.drivers import driver_name
-from workers.tasks import STEP_TASKS, chat_deliver
+from workers.tasks import STEP_TASKS, chat_deliver, workspace_agent_configure
 
 
 def _validated(instance, **kwargs):
@@ -285,7 +285,7 @@ def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
             target=desktop.id,
             length=len(message),
         )
-        transaction.on_commit(lambda: chat_deliver.delay(message_id=reply.id))
+        transaction.on_commit(lambda: chat_deliver.delay(desktop_id=desktop.id))
     return reply
 
 
@@ -328,22 +328,26 @@ def llm_key_save(
     name: str,
     secret: str,
     base_url: str = "",
+    model: str = "",
     key: LLMKey | None = None,
 ) -> LLMKey:
-    """Add a BYOK key, or rotate `key` to a new secret."""
+    """Add a BYOK key, or rotate `key` to a new secret; the workspace's running desktops get it."""
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     secret = secret.strip()
     if len(secret) < 8:
         raise Invalid("The key looks too short to be real.", fields={"secret": ["At least 8 characters."]})
     if provider == LLMProvider.OPENAI_COMPATIBLE and not base_url:
         raise Invalid("An OpenAI-compatible key needs its baseUrl.", fields={"baseUrl": ["Required."]})
+    if provider == LLMProvider.OPENAI_COMPATIBLE and not model:
+        raise Invalid("An OpenAI-compatible key needs the model to use.", fields={"model": ["Required."]})
     key = key or LLMKey(workspace=workspace, created_by=actor.user)
     rotating = key.pk is not None and not key._state.adding
-    key.provider, key.name, key.base_url = provider, name, base_url
+    key.provider, key.name, key.base_url, key.model = provider, name, base_url, model
     key.secret_encrypted, key.last4 = crypto.secret_encrypt(secret), secret[-4:]
     _validated(key, validate_constraints=True).save()
     action = "llm_key.rotate" if rotating else "llm_key.create"
     audit_record(actor=actor, action=action, workspace_id=workspace.id, target=key.id, provider=provider)
+    _push_agent_config(workspace.id)
     return key
 
 
@@ -351,3 +355,8 @@ def llm_key_delete(*, actor: Actor, workspace_id: str, key_id: str) -> None:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     workspace.llm_keys.filter(id=key_id).delete()
     audit_record(actor=actor, action="llm_key.delete", workspace_id=workspace.id, target=key_id)
+    _push_agent_config(workspace.id)
+
+
+def _push_agent_config(workspace_id: str) -> None:
+    transaction.on_commit(lambda: workspace_agent_configure.delay(workspace_id=workspace_id))

@@ -77,4 +77,23 @@ if [ "$PROFILE" = full ] && [ -d "$ROOTFS/opt/bureau-node" ]; then
     ln -sf "/$node_bin" "$ROOTFS/usr/local/bin/node"
     # npm's bin link starts with "#!/usr/bin/env node", which resolves to the link above.
     ln -sf /opt/bureau-node/node_modules/.bin/openclaw "$ROOTFS/usr/local/bin/openclaw"
+    install -m 755 "$HERE/guest/agent-gateway" "$ROOTFS/usr/local/lib/bureau/"
+    cat >"$ROOTFS/etc/systemd/system/bureau-agent.service" <<'UNIT'
+[Unit]
+Description=Le Bureau agent runtime (OpenClaw gateway on 127.0.0.1:18789)
+After=network.target
+
+[Service]
+User=agent
+Environment=HOME=/home/agent USER=agent NODE_ENV=production
+WorkingDirectory=/home/agent
+ExecStart=/usr/local/lib/bureau/agent-gateway
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    ln -sf /etc/systemd/system/bureau-agent.service \
+        "$ROOTFS/etc/systemd/system/multi-user.target.wants/bureau-agent.service"
 fi

@@ -156,6 +156,16 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "workers.tasks.reconcile", "schedule": env.float("RECONCILE_INTERVAL", 60.0)},
 }
 
+# Agent turns: how long one may run, and after how long without a worker's heartbeat another
+# worker picks it up (the turn itself keeps running in the desktop meanwhile).
+CHAT_TURN_TIMEOUT = env.int("CHAT_TURN_TIMEOUT", 24 * 3600)
+CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
+CELERY_BEAT_SCHEDULE["chat-resume"] = {
+    "task": "workers.tasks.chat_resume",
+    "schedule": CHAT_STALE_AFTER / 2,
+    "options": {"expires": CHAT_STALE_AFTER / 2},
+}
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",

@@ -75,6 +75,11 @@ class LLMKeyForm(forms.Form):
     base_url = forms.URLField(
         required=False, label="Base URL (OpenAI-compatible only)", assume_scheme="https"
     )
+    model = forms.CharField(
+        max_length=200,
+        required=False,
+        help_text="Blank: the provider's own. Required for OpenAI-compatible.",
+    )
     secret = forms.CharField(widget=forms.PasswordInput, label="Key")
 
 

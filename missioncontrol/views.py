@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 from django_eventstream.views import events as eventstream_events
 
-from billing.selectors import desktop_cost_so_far
+from billing.selectors import agent_usage_of_desktop, agent_usage_of_workspace, desktop_cost_so_far
 from desktops import selectors, services
 from desktops.audit import Actor
 from desktops.errors import DomainError, Forbidden, NotFound
@@ -200,6 +200,7 @@ def desktop(request, desktop_id):
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
         usage=desktop_usage(found),
         cost=desktop_cost_so_far(found),
+        agent_usage=agent_usage_of_desktop(found),
     )
 
 
@@ -233,9 +234,12 @@ def desktop_usage(desktop):
 def settings_page(request):
     workspace = request.workspace
     can_manage = request.role.rank >= Role.ADMIN.rank
+    usage_total, usage_desktops = agent_usage_of_workspace(workspace)
     return page(
         request,
         "missioncontrol/settings.html",
+        usage_total=usage_total,
+        usage_desktops=usage_desktops,
         members=selectors.membership_list(workspace=workspace),
         invitations=workspace.invitations.filter(accepted_at__isnull=True) if can_manage else [],
         api_keys=selectors.api_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
@@ -305,6 +309,7 @@ llm_key_rotate = _settings_post(
         provider=key.provider,
         name=key.name,
         base_url=key.base_url,
+        model=key.model,
         secret=d["secret"],
     ),
     "LLM key rotated.",

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Desktops made through the API in tests get an LXC network and state of their own, apart from the
 # driver suite's and from a control plane running on this host.
 LXC_IMAGE = Path("/var/lib/lebureau/images/minimal/current/image.json")
+# Where the scripted model server listens, on the test bridge's host address.
+SCRIPTED_MODEL_PORT = 18431
 LXC_TEST_SETTINGS = {
     "LXC_STATE_DIR": "/var/lib/lebureau/test-api/desktops",
     "LXC_PATH": "/var/lib/lebureau/test-api/lxc",
@@ -125,7 +127,16 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
     celery_app.conf.broker_url = TEST_BROKER
     celery_app.conf.task_default_queue = TEST_QUEUE
     basetemp = tmp_path_factory.getbasetemp()
-    env = service_env(driver_dir, basetemp, DRIVER_RETRY_MAX="2", DRIVER_RETRY_BACKOFF_MAX="1")
+    env = service_env(
+        driver_dir,
+        basetemp,
+        DRIVER_RETRY_MAX="2",
+        DRIVER_RETRY_BACKOFF_MAX="1",
+        # Desktops may reach the scripted model server on the host, and a dead worker's chat turn
+        # is handed on after 3 s rather than a minute.
+        LXC_HOST_TCP_PORTS=f"8000,{SCRIPTED_MODEL_PORT}",
+        CHAT_STALE_AFTER="3",
+    )
     args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_QUEUE, "-c", "2"]
     answers = lambda: celery_app.control.ping(timeout=0.5)  # noqa: E731
     with service_process("celery-worker", [*args, "-l", "INFO"], env, basetemp, answers) as worker:

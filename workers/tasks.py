@@ -1,10 +1,11 @@
 """Celery tasks: thin, take ids, re-fetch, call the lifecycle, and exit quietly if the row is gone."""
 
+import paramiko
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from desktops import chat, lifecycle
+from desktops import agent_config, chat, lifecycle, selectors
 from lebureau.celery import app
 from workers.drivers import get_driver
 from workers.drivers.base import TransientDriverError
@@ -28,9 +29,22 @@ class DesktopStepTask(Task):
         lifecycle.desktop_step_failed(desktop_id=kwargs["desktop_id"], action=self.action, message=message)
 
 
+# A desktop that has just come up gets the agent runtime's configuration (keys may have changed meanwhile).
+CONFIGURE_AFTER = {"provision", "start", "resume"}
+# Failures to reach a desktop over SSH that are worth another try.
+SSH_TRANSIENT = (
+    paramiko.SSHException,
+    paramiko.ssh_exception.NoValidConnectionsError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
 def _step_task(action: str):
     def run(self, *, desktop_id: str) -> None:
-        lifecycle.desktop_run_step(desktop_id=desktop_id, action=action)
+        up = lifecycle.desktop_run_step(desktop_id=desktop_id, action=action)
+        if up and action in CONFIGURE_AFTER:
+            agent_configure.delay(desktop_id=desktop_id)
 
     return app.task(
         run,
@@ -57,9 +71,49 @@ def reconcile() -> dict[str, list[str]]:
     return lifecycle.reconcile()
 
 
-@app.task(name="workers.tasks.chat_deliver", acks_late=True, soft_time_limit=chat.TURN_TIMEOUT + 60)
-def chat_deliver(*, message_id: str) -> None:
-    chat.chat_deliver(message_id=message_id)
+@app.task(
+    name="workers.tasks.agent_configure",
+    acks_late=True,
+    autoretry_for=SSH_TRANSIENT,
+    retry_backoff=2,
+    max_retries=settings.DRIVER_RETRY_MAX,
+    soft_time_limit=120,
+)
+def agent_configure(*, desktop_id: str) -> None:
+    agent_config.desktop_agent_configure(desktop_id=desktop_id)
+
+
+@app.task(name="workers.tasks.workspace_agent_configure", acks_late=True)
+def workspace_agent_configure(*, workspace_id: str) -> None:
+    """A workspace's keys changed: rewrite the configuration of each of its running desktops."""
+    for desktop_id in selectors.desktop_ids_running(workspace_id=workspace_id):
+        agent_configure.delay(desktop_id=desktop_id)
+
+
+@app.task(name="workers.tasks.chat_deliver", acks_late=True)
+def chat_deliver(*, desktop_id: str) -> None:
+    """Start the desktop's next queued agent turn, if it is idle, and follow it."""
+    reply = chat.chat_claim_next(desktop_id=desktop_id)
+    if reply is not None:
+        chat_follow.delay(message_id=reply.id)
+
+
+# A turn may run for hours; its worker keeps the task until the agent is done.
+@app.task(name="workers.tasks.chat_follow", acks_late=True, soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60)
+def chat_follow(*, message_id: str) -> None:
+    desktop_id = chat.chat_follow(message_id=message_id)
+    if desktop_id:
+        chat_deliver.delay(desktop_id=desktop_id)  # the next message, if one waits
+
+
+@app.task(name="workers.tasks.chat_resume", acks_late=True, soft_time_limit=60)
+def chat_resume() -> None:
+    """Hand turns whose worker died to a live one, and restart stalled queues."""
+    orphans, stalled = chat.chat_resume()
+    for message_id in orphans:
+        chat_follow.delay(message_id=message_id)
+    for desktop_id in stalled:
+        chat_deliver.delay(desktop_id=desktop_id)
 
 
 @app.task(name="workers.tasks.refill_warm_pool", acks_late=True, soft_time_limit=1800, time_limit=1830)

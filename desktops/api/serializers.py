@@ -67,6 +67,23 @@ class WorkspaceSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "created_at"]
 
 
+class AgentUsageSerializer(serializers.Serializer):
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    requests = serializers.IntegerField(help_text="Model requests the agent made.")
+    turns = serializers.IntegerField(help_text="Answered messages.")
+
+
+class DesktopUsageSerializer(AgentUsageSerializer):
+    desktop_id = serializers.CharField()
+    name = serializers.CharField()
+
+
+class WorkspaceUsageSerializer(serializers.Serializer):
+    total = AgentUsageSerializer()
+    desktops = DesktopUsageSerializer(many=True)
+
+
 class MembershipSerializer(serializers.ModelSerializer):
     email = serializers.EmailField(source="user.email", read_only=True)
 
@@ -122,7 +139,17 @@ class LLMKeySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = LLMKey
-        fields = ["id", "workspace_id", "provider", "name", "base_url", "last4", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "workspace_id",
+            "provider",
+            "name",
+            "base_url",
+            "model",
+            "last4",
+            "created_at",
+            "updated_at",
+        ]
 
 
 class LLMKeyWriteSerializer(serializers.Serializer):
@@ -130,6 +157,13 @@ class LLMKeyWriteSerializer(serializers.Serializer):
     provider = serializers.ChoiceField(choices=LLMProvider.choices)
     name = serializers.CharField(max_length=100)
     base_url = serializers.URLField(required=False, allow_blank=True, default="")
+    model = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Blank: the provider's default.",
+    )
     secret = serializers.CharField(write_only=True, trim_whitespace=True, style={"input_type": "password"})
 
 

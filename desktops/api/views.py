@@ -5,6 +5,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from billing.selectors import agent_usage_of_desktop, agent_usage_of_workspace
 from desktops import selectors, services
 from desktops.api import serializers as s
 from desktops.audit import Actor, audit_record
@@ -137,6 +138,12 @@ class DesktopViewSet(ApiViewSet):
         reply = services.chat_send(actor=self.actor, desktop=self._desktop(pk, Role.MEMBER), message=message)
         return Response(s.ChatMessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(responses=s.AgentUsageSerializer)
+    @action(detail=True, methods=["get"])
+    def usage(self, request, pk):
+        """Tokens and model requests the desktop's agent used, over all its answered messages."""
+        return Response(s.AgentUsageSerializer(agent_usage_of_desktop(self._desktop(pk))).data)
+
     @extend_schema(request=s.RelaySessionRequestSerializer, responses={201: s.RelaySessionSerializer})
     @action(detail=True, methods=["post"])
     def sessions(self, request, pk):
@@ -185,6 +192,14 @@ class WorkspaceViewSet(ApiViewSet):
         self.workspace(pk)
         services.workspace_delete(actor=self.actor, workspace_id=pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.WorkspaceUsageSerializer)
+    @action(detail=True, methods=["get"])
+    def usage(self, request, pk):
+        """The workspace's agents' model usage: the total and each desktop's."""
+        total, per_desktop = agent_usage_of_workspace(self.workspace(pk))
+        desktops = [{"desktop_id": i, "name": n, **vars(u)} for i, n, u in per_desktop]
+        return Response(s.WorkspaceUsageSerializer({"total": total, "desktops": desktops}).data)
 
     @extend_schema(request=s.MembershipCreateSerializer, responses=s.MembershipSerializer(many=True))
     @action(detail=True, methods=["get", "post"])

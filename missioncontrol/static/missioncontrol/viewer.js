@@ -176,37 +176,58 @@ document.getElementById("clipboard-form").addEventListener("submit", (event) => 
   }
 });
 
-// The chat: the stored conversation, new messages, answers as they complete.
+// The chat: the stored conversation, then answers streamed live as the agent writes them
+// (the workspace's event stream carries each new piece with its place in the answer).
 
 const chatLog = document.getElementById("chat-log");
-let chatTimer = null;
+const shown = new Map(); // message id -> { item, content }
+
+function render(entry, status) {
+  const waiting = status === "queued" || status === "running";
+  entry.item.classList.toggle("pending", waiting);
+  entry.item.classList.toggle("error", status === "error");
+  entry.item.textContent = entry.content || (waiting ? "The agent is working…" : "");
+}
 
 async function loadChat() {
-  clearTimeout(chatTimer);
   try {
     const page = await api("/chat?pageSize=200");
+    shown.clear();
     chatLog.replaceChildren(
       ...page.results.map((m) => {
-        const item = document.createElement("li");
-        const waiting = m.status === "queued" || m.status === "running";
-        item.className = `${m.author} ${m.status === "error" ? "error" : ""} ${waiting ? "pending" : ""}`;
-        item.textContent = waiting ? "The agent is working…" : m.content;
-        return item;
+        const entry = { item: document.createElement("li"), content: m.content };
+        entry.item.className = m.author;
+        entry.item.dataset.message = m.id;
+        render(entry, m.status);
+        shown.set(m.id, entry);
+        return entry.item;
       }),
     );
     if (!page.results.length) chatLog.innerHTML = '<li class="muted">No message yet.</li>';
     chatLog.scrollTop = chatLog.scrollHeight;
-    // While an answer is pending, look again shortly.
-    if (page.results.some((m) => m.status === "queued" || m.status === "running")) chatTimer = setTimeout(loadChat, 1500);
   } catch (error) {
-    chatLog.innerHTML = "";
     const item = document.createElement("li");
     item.className = "error";
     item.textContent = `The conversation could not be loaded (${error.message}).`;
-    chatLog.append(item);
-    chatTimer = setTimeout(loadChat, 5000);
+    chatLog.replaceChildren(item);
   }
 }
+
+function applyChat(event) {
+  if (event.desktop_id !== desktopId) return;
+  const entry = shown.get(event.message_id);
+  const finished = event.status === "done" || event.status === "error";
+  // A message this page has not seen, or a piece that does not follow on: fetch the whole conversation.
+  if (!entry || (!finished && event.at !== entry.content.length)) return loadChat();
+  entry.content = finished ? event.text : entry.content + event.text;
+  render(entry, event.status);
+  chatLog.scrollTop = chatLog.scrollHeight;
+}
+
+const chatStream = new EventSource(`/events/w/${root.dataset.workspace}/`);
+chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.data)));
+// On every (re)connection, catch up with what was said meanwhile.
+chatStream.addEventListener("open", loadChat);
 
 const chatForm = document.getElementById("chat-form");
 if (chatForm) {
@@ -222,7 +243,6 @@ if (chatForm) {
     loadChat();
   });
 }
-loadChat();
 
 // The side panel's tabs: chat, timeline, details.
 document.querySelectorAll("[data-tab]").forEach((tab) =>

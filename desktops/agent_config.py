@@ -1,0 +1,99 @@
+"""The agent runtime's configuration inside each desktop, BYOK keys included (worker side).
+
+The keys are kept encrypted; they are decrypted only here, in the worker's memory, and go
+over SFTP straight into the file the runtime reads, which only the desktop's agent user may
+read. Nothing here logs, returns or passes them on.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+from django.utils.crypto import salted_hmac
+
+from desktops import crypto
+from desktops.models import Desktop, DesktopState, LLMKey, LLMProvider
+from workers.ssh import desktop_ssh_connect
+
+GATEWAY_PORT = 18789
+# Relative to the agent's home, where SFTP sessions start.
+CONFIG_DIR = ".openclaw"
+CONFIG_FILE = "openclaw.json"
+
+# Per provider: base URL, OpenClaw's API dialect, and the model used when the key names none.
+PROVIDERS = {
+    LLMProvider.ANTHROPIC: ("https://api.anthropic.com", "anthropic-messages", "claude-sonnet-4-5"),
+    LLMProvider.OPENAI: ("https://api.openai.com/v1", "openai-completions", "gpt-5"),
+    LLMProvider.OPENROUTER: ("https://openrouter.ai/api/v1", "openai-completions", "openrouter/auto"),
+    LLMProvider.OPENAI_COMPATIBLE: ("", "openai-completions", ""),
+}
+
+
+# OpenClaw asks an OpenAI-style server it does not know for token counts only when told it can
+# give them; without them a turn's usage would read zero.
+COMPAT = {"openai-completions": {"compat": {"supportsUsageInStreaming": True}}}
+
+
+def default_model(provider: str) -> str:
+    return PROVIDERS[provider][2]
+
+
+def gateway_token(desktop_id: str) -> str:
+    """The desktop's gateway password, stable so that rewriting the file never locks the bridge out."""
+    return salted_hmac("lebureau.agent-gateway", desktop_id).hexdigest()
+
+
+def provider_id(key: LLMKey) -> str:
+    return key.id.replace("_", "-")
+
+
+def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
+    """OpenClaw's `openclaw.json` for one desktop: the warm gateway, one provider per key (newest first)."""
+    providers, models = {}, []
+    for key in keys:
+        base_url, api, fallback_model = PROVIDERS[key.provider]
+        model = key.model or fallback_model
+        providers[provider_id(key)] = {
+            "baseUrl": key.base_url or base_url,
+            "apiKey": crypto.secret_decrypt(key.secret_encrypted),
+            "api": api,
+            "models": [{"id": model, "name": model, **COMPAT.get(api, {})}],
+        }
+        models.append(f"{provider_id(key)}/{model}")
+    config = {
+        "gateway": {
+            "mode": "local",
+            "port": GATEWAY_PORT,
+            "bind": "loopback",
+            "auth": {"mode": "token", "token": gateway_token(desktop_id)},
+            "http": {"endpoints": {"chatCompletions": {"enabled": True}}},
+        },
+        # The desktop is the agent's own machine: its commands run there without asking.
+        "tools": {"exec": {"host": "gateway", "security": "full", "ask": "off"}},
+        "models": {"mode": "merge", "providers": providers},
+    }
+    if models:
+        config["agents"] = {"defaults": {"model": {"primary": models[0], "fallbacks": models[1:]}}}
+    return config
+
+
+def desktop_agent_configure(*, desktop_id: str) -> bool:
+    """Write the agent runtime's configuration into a running desktop; False when it is not running."""
+    desktop = Desktop.objects.filter(id=desktop_id, state=DesktopState.RUNNING).first()
+    if desktop is None:
+        return False
+    keys = list(LLMKey.objects.filter(workspace_id=desktop.workspace_id).order_by("-created_at"))
+    content = json.dumps(openclaw_config(desktop_id=desktop.id, keys=keys), indent=2).encode()
+    with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh, ssh.open_sftp() as sftp:
+        if CONFIG_DIR not in sftp.listdir("."):
+            sftp.mkdir(CONFIG_DIR, mode=0o700)
+        sftp.chmod(CONFIG_DIR, 0o700)
+        path = posixpath.join(CONFIG_DIR, CONFIG_FILE)
+        partial = f"{path}.partial"
+        with sftp.open(partial, "w") as f:
+            f.chmod(0o600)  # before a byte of it is written
+            f.write(content)
+        # One rename, so the runtime (which watches the file) never reads half of it.
+        sftp.posix_rename(partial, path)
+    return True

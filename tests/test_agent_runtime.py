@@ -1,0 +1,233 @@
+"""The agent inside a real desktop: BYOK keys, the warm OpenClaw gateway, streamed answers.
+
+Real LXC desktops of the full image run the real OpenClaw; the only double is the model: a
+scripted OpenAI-compatible server on the test bridge's host address (no LLM is reachable here).
+"""
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from celery.signals import before_task_publish
+
+from desktops.models import AuditEvent, ChatMessage, Role
+from lebureau.celery import app as celery_app
+from tests.conftest import LXC_TEST_SETTINGS, SCRIPTED_MODEL_PORT, TEST_BROKER, TEST_QUEUE, service_env
+from tests.support.desktops import provision, run
+from tests.support.scripted_model import ScriptedModelServer, Text, ToolCall
+from tests.support.services import service_process
+from workers.drivers import lxc_net
+
+FULL_IMAGE = Path("/var/lib/lebureau/images/full/current/image.json")
+pytestmark = [
+    pytest.mark.lxc,
+    pytest.mark.worker,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not FULL_IMAGE.is_file(), reason="no full golden image (make setup builds it)"),
+]
+HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])
+MODEL_URL = f"http://{HOST}:{SCRIPTED_MODEL_PORT}/v1"
+CONFIG = "~/.openclaw/openclaw.json"
+
+
+@pytest.fixture
+def scripted_model(lxc_test_engine):
+    # It listens on the desktops' bridge, which the engine brings up with its first desktop otherwise.
+    lxc_net.ensure_bridge(LXC_TEST_SETTINGS["LXC_BRIDGE"], LXC_TEST_SETTINGS["LXC_SUBNET"])
+    with ScriptedModelServer(HOST, SCRIPTED_MODEL_PORT) as server:
+        yield server.model
+
+
+@pytest.fixture
+def admin_api(members):
+    from tests.conftest import api_key_for, client_for
+
+    return client_for(key=api_key_for(members[Role.ADMIN]))
+
+
+@pytest.fixture
+def published():
+    """Every task message this process sends, as Celery serialised it."""
+    sent: list[str] = []
+
+    def record(body=None, headers=None, **_):
+        sent.append(json.dumps([body, headers], default=str))
+
+    before_task_publish.connect(record, weak=False)
+    yield sent
+    before_task_publish.disconnect(record)
+
+
+def add_key(api, workspace, secret: str) -> dict:
+    body = {
+        "workspaceId": workspace.id,
+        "provider": "openai_compatible",
+        "name": "scripted",
+        "baseUrl": MODEL_URL,
+        "model": "scripted",
+        "secret": secret,
+    }
+    response = api.post("/api/llm-keys", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def wait_for_config(desktop, *, containing: str = "", absent: str = "", timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = run(desktop, f"cat {CONFIG} 2>/dev/null || true")
+        if (not containing or containing in text) and (not absent or absent not in text):
+            return text
+        assert time.monotonic() < deadline, "the desktop's agent configuration was not rewritten"
+        time.sleep(0.3)
+
+
+def chat(api, desktop, message: str) -> dict:
+    response = api.post(f"/api/desktops/{desktop.id}/chat", {"message": message}, format="json")
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+def answer_of(message_id: str, timeout: float = 120) -> ChatMessage:
+    deadline = time.monotonic() + timeout
+    while (message := ChatMessage.objects.get(id=message_id)).status in ("queued", "running"):
+        assert time.monotonic() < deadline, f"no answer: {message.status} {message.content!r}"
+        time.sleep(0.1)
+    return message
+
+
+def test_keys_reach_the_agent_and_nowhere_else(
+    lxc_api, admin_api, workspace, scripted_model, published, tmp_path_factory
+):
+    secret = f"sk-scripted-{secrets.token_hex(12)}"
+    created = add_key(admin_api, workspace, secret)
+    desktop = provision(lxc_api, "agent-keys", profile="full")
+
+    # In the desktop: the runtime's file, the agent's alone.
+    text = wait_for_config(desktop, containing=secret)
+    assert run(desktop, f"stat -c '%a %U' {CONFIG}").split() == ["600", "agent"]
+    assert run(desktop, "stat -c '%a' ~/.openclaw").strip() == "700"
+    nobody = run(desktop, "sudo -u nobody cat /home/agent/.openclaw/openclaw.json 2>&1 || echo refused")
+    assert "refused" in nobody and secret not in nobody
+    assert json.loads(text)["agents"]["defaults"]["model"]["primary"].endswith("/scripted")
+
+    # The whole path: API → SSH → OpenClaw → scripted model asking for a command → command run → answer.
+    scripted_model.script(
+        ToolCall("exec", {"command": "echo made-by-the-agent > /home/agent/proof.txt"}),
+        Text("I created proof.txt in your home."),
+    )
+    reply = chat(lxc_api, desktop, "Crée le fichier proof.txt")
+    assert reply["status"] == "queued" and reply["id"].startswith("msg_")
+    answer = answer_of(reply["id"])
+    assert (answer.status, answer.content) == ("done", "I created proof.txt in your home.")
+    assert run(desktop, "cat ~/proof.txt").strip() == "made-by-the-agent"
+    assert [r["headers"]["authorization"] for r in scripted_model.requests] == [f"Bearer {secret}"] * 2
+
+    # What the turn cost, as the runtime reported it: two model calls of 120 + 30 tokens.
+    usage = lxc_api.get(f"/api/desktops/{desktop.id}/usage").json()
+    assert usage == {"inputTokens": 240, "outputTokens": 60, "requests": 2, "turns": 1}
+    total = lxc_api.get(f"/api/workspaces/{workspace.id}/usage").json()
+    assert total["total"]["outputTokens"] == 60 and total["desktops"][0]["desktopId"] == desktop.id
+
+    # Rotation reaches the running desktop, and the next turn uses the new key.
+    rotated = f"sk-rotated-{secrets.token_hex(12)}"
+    body = {**_key_fields(created), "secret": rotated}
+    response = admin_api.put(f"/api/llm-keys/{created['id']}", body, format="json")
+    assert response.status_code == 200, response.content
+    wait_for_config(desktop, containing=rotated, absent=secret)
+    scripted_model.script(Text("Still here."))
+    assert answer_of(chat(lxc_api, desktop, "Toujours là ?")["id"]).content == "Still here."
+    assert scripted_model.requests[-1]["headers"]["authorization"] == f"Bearer {rotated}"
+
+    # Removal takes it out of the desktop too.
+    assert admin_api.delete(f"/api/llm-keys/{created['id']}").status_code == 204
+    wait_for_config(desktop, absent=rotated)
+
+    # Never in an API response, an audit event, a task message, a log, or anything kept in Redis.
+    for secret_value in (secret, rotated):
+        responses = [
+            admin_api.get("/api/llm-keys").content,
+            lxc_api.get(f"/api/desktops/{desktop.id}").content,
+            lxc_api.get(f"/api/desktops/{desktop.id}/chat").content,
+            json.dumps(created),
+            response.content.decode(),
+        ]
+        assert not any(secret_value in str(body) for body in responses)
+        assert all(secret_value not in str(vars(e)) for e in AuditEvent.objects.all())
+        assert published and not any(secret_value in message for message in published)
+        logs = Path(tmp_path_factory.getbasetemp()).glob("*.log")
+        assert not any(secret_value in log.read_text(errors="replace") for log in logs)
+        assert not any(secret_value in blob for blob in _everything_in_redis())
+
+
+def _key_fields(key: dict) -> dict:
+    return {name: key[name] for name in ("provider", "name", "baseUrl", "model")}
+
+
+def _everything_in_redis():
+    """Every value in the suite's Redis databases (broker, results if any, channels, event streams)."""
+    for db in range(16):
+        client = redis.Redis.from_url(TEST_BROKER, db=db)
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            if kind == b"string":
+                yield str(client.get(key))
+            elif kind == b"list":
+                yield str(client.lrange(key, 0, -1))
+            elif kind == b"hash":
+                yield str(client.hgetall(key))
+            elif kind == b"zset":
+                yield str(client.zrange(key, 0, -1))
+            elif kind == b"set":
+                yield str(client.smembers(key))
+
+
+def test_a_turn_outlives_its_worker_and_the_next_message_waits(
+    lxc_api, admin_api, workspace, scripted_model, celery_worker, driver_dir, tmp_path_factory
+):
+    add_key(admin_api, workspace, f"sk-scripted-{secrets.token_hex(12)}")
+    desktop = provision(lxc_api, "agent-long", profile="full")
+    wait_for_config(desktop, containing="scripted")
+    long_answer = " ".join(f"word{i}" for i in range(60))
+    scripted_model.script(Text(long_answer, pace=0.15), Text("Second answer."))
+
+    # The suite's worker stands aside; a second one takes the turn, then dies mid-answer.
+    node = next(iter(celery_app.control.ping(timeout=1)[0]))
+    celery_app.control.cancel_consumer(TEST_QUEUE, destination=[node], reply=True)
+    basetemp = tmp_path_factory.getbasetemp()
+    env = service_env(driver_dir, basetemp, CHAT_STALE_AFTER="3")
+    args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_QUEUE, "-c", "2"]
+    doomed_ready = lambda: any("doomed@" in n for r in celery_app.control.ping(timeout=0.5) for n in r)  # noqa: E731
+    try:
+        doomed_args = [*args, "-n", "doomed@%h"]
+        with service_process("doomed-worker", doomed_args, env, basetemp, doomed_ready) as doomed:
+            first = chat(lxc_api, desktop, "Écris une longue réponse")
+            second = chat(lxc_api, desktop, "Et une deuxième")
+            deadline = time.monotonic() + 90
+            while len(ChatMessage.objects.get(id=first["id"]).content) < 40:
+                assert time.monotonic() < deadline, "the answer never started streaming"
+                time.sleep(0.1)
+            # One turn at a time: the second message waits its turn.
+            assert ChatMessage.objects.get(id=second["id"]).status == "queued"
+            subprocess.run(["kill", "-9", str(doomed.pid)], check=True)
+            half = ChatMessage.objects.get(id=first["id"])
+            assert half.status == "running" and 0 < len(half.content) < len(long_answer)
+    finally:
+        celery_app.control.add_consumer(TEST_QUEUE, destination=[node], reply=True)
+
+    # What beat does every half-minute in production: hand orphaned turns on.
+    deadline = time.monotonic() + 120
+    while ChatMessage.objects.get(id=second["id"]).status in ("queued", "running"):
+        assert time.monotonic() < deadline, "the interrupted turn was never picked up again"
+        celery_app.send_task("workers.tasks.chat_resume", queue=TEST_QUEUE)
+        time.sleep(1)
+    first_answer, second_answer = ChatMessage.objects.get(id=first["id"]), answer_of(second["id"])
+    # Picked up from where the dead worker left it: every word once, in order.
+    assert (first_answer.status, first_answer.content) == ("done", long_answer)
+    assert (second_answer.status, second_answer.content) == ("done", "Second answer.")
+    assert first_answer.completed_at < second_answer.completed_at
