@@ -223,6 +223,8 @@ PROXMOX_CLONE_STORAGE = env.str("PROXMOX_CLONE_STORAGE", "")
 PROXMOX_IPCONFIG = env.str("PROXMOX_IPCONFIG", "ip=dhcp")
 PROXMOX_MEMORY_RESERVE_MIB = env.int("PROXMOX_MEMORY_RESERVE_MIB", 2048)
 PROXMOX_CPU_OVERCOMMIT = env.float("PROXMOX_CPU_OVERCOMMIT", 4.0)
+# Place a new desktop on a node holding no other desktop of its workspace, while one fits.
+PROXMOX_ANTI_AFFINITY = env.bool("PROXMOX_ANTI_AFFINITY", False)
 # Where the control plane's connections come from: the only source allowed to desktops' SSH and VNC.
 PROXMOX_CONTROL_CIDRS = tuple(env.list("PROXMOX_CONTROL_CIDRS", []))
 PROXMOX_CONTROL_TCP_PORTS = tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [8000], subcast=int))

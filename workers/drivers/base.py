@@ -64,6 +64,8 @@ class InstanceSpec:
     disk_gib: int
     ssh_public_key: str
     image_profile: str = "minimal"
+    # The workspace the desktop belongs to, for engines that spread a workspace's desktops.
+    workspace: str = ""
     # Extra files written into the guest at provision (path -> content), e.g. the
     # desktop-scoped token of the `bureau` helper.
     files: dict[str, str] = field(default_factory=dict)

@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -49,6 +50,8 @@ from workers.drivers.proxmox_pool import PoolShape
 
 MIB = 1024 * 1024
 OWNER_TAG = "lebureau"
+# The tag naming a desktop's workspace is this prefix and the workspace's id.
+WORKSPACE_TAG = "lbws-"
 _KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # PVE refusals worth retrying: someone else holds the VM, or the cluster is briefly unwell.
 _TRANSIENT = re.compile(
@@ -110,6 +113,7 @@ class ProxmoxDriver(ComputeDriver):
         ipconfig: str = "ip=dhcp",
         memory_reserve_mib: int = 2048,
         cpu_overcommit: float = 4.0,
+        anti_affinity: bool = False,
         control_cidrs: tuple[str, ...] = (),
         control_tcp_ports: tuple[int, ...] = (8000,),
         private_cidrs: tuple[str, ...] = DEFAULT_PRIVATE_CIDRS,
@@ -145,6 +149,7 @@ class ProxmoxDriver(ComputeDriver):
         self.ipconfig = ipconfig
         self.memory_reserve_mib = memory_reserve_mib
         self.cpu_overcommit = cpu_overcommit
+        self.anti_affinity = anti_affinity
         self.control_cidrs = control_cidrs
         self.control_tcp_ports = control_tcp_ports
         self.private_cidrs = private_cidrs
@@ -161,6 +166,8 @@ class ProxmoxDriver(ComputeDriver):
         # Memory and cores promised to clones this process is still making, so concurrent creates
         # spread instead of all picking the same emptiest node.
         self._pending: dict[str, tuple[int, int]] = {}
+        # (workspace, node) of those clones, so concurrent creates of one workspace spread too.
+        self._pending_workspaces: Counter[tuple[str, str]] = Counter()
         self._pending_lock = threading.RLock()
 
     @classmethod
@@ -187,6 +194,7 @@ class ProxmoxDriver(ComputeDriver):
             ipconfig=settings.PROXMOX_IPCONFIG,
             memory_reserve_mib=settings.PROXMOX_MEMORY_RESERVE_MIB,
             cpu_overcommit=settings.PROXMOX_CPU_OVERCOMMIT,
+            anti_affinity=settings.PROXMOX_ANTI_AFFINITY,
             control_cidrs=settings.PROXMOX_CONTROL_CIDRS,
             control_tcp_ports=settings.PROXMOX_CONTROL_TCP_PORTS,
             private_cidrs=settings.PROXMOX_PRIVATE_CIDRS,
@@ -204,12 +212,12 @@ class ProxmoxDriver(ComputeDriver):
     def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
         key = _checked(spec.key)
         check_spec(spec, min_memory_mib=256)
-        tags, name = (OWNER_TAG, key), vm_name(key)
+        tags, name = desktop_tags(key, spec.workspace), vm_name(key)
         progress(ProvisionStep.CLONE)
         vm = self._find(key) or proxmox_pool.claim(self, spec, tags, name)
         if vm is None:
             # The room stays held until the VM runs and counts in the node's own figures.
-            with self.placed(spec.memory_mib, spec.vcpus) as node:
+            with self.placed(spec.memory_mib, spec.vcpus, workspace=spec.workspace) as node:
                 vm = self.clone_template(spec.image_profile, node, name)
                 progress(ProvisionStep.NETWORK)
                 ip = self._personalise(self.wait_unlocked(vm), spec, tags)
@@ -564,14 +572,30 @@ class ProxmoxDriver(ComputeDriver):
             room[name] = (free_mem, free_cpu)
         return room
 
+    def crowded_nodes(self, workspace: str) -> set[str]:
+        """The nodes placement avoids for a new desktop of ``workspace``: those already holding one.
+
+        Empty unless anti-affinity is on. A VM counts whatever its state: a stopped one starts there.
+        """
+        if not (self.anti_affinity and workspace):
+            return set()
+        tag = workspace_tag(workspace)
+        with self._pending_lock:
+            pending = {n for w, n in self._pending_workspaces if w == workspace}
+            return pending | {vm.node for vm in self.vms() if tag in vm.tags}
+
     @contextlib.contextmanager
-    def placed(self, memory_mib: int, vcpus: int, node: str | None = None):
+    def placed(self, memory_mib: int, vcpus: int, node: str | None = None, workspace: str = ""):
         """Pick the node with the most free memory that fits, and hold the room until the VM runs."""
         with self._pending_lock:
             room = self.node_room()
             fitting = {n: r for n, r in room.items() if r[0] >= memory_mib and r[1] >= vcpus}
             if node is not None:
                 fitting = {n: r for n, r in fitting.items() if n == node}
+            crowded = self.crowded_nodes(workspace)
+            # Anti-affinity is a preference, not a rule: when every node that fits already holds a
+            # desktop of the workspace, one of them still gets the new one rather than nobody.
+            fitting = {n: r for n, r in fitting.items() if n not in crowded} or fitting
             if not fitting:
                 best = ", ".join(f"{n}: {m} MiB and {c:g} vCPUs free" for n, (m, c) in sorted(room.items()))
                 raise DriverError(
@@ -581,12 +605,15 @@ class ProxmoxDriver(ComputeDriver):
             chosen = max(fitting, key=lambda n: fitting[n])
             mem, cores = self._pending.get(chosen, (0, 0))
             self._pending[chosen] = (mem + memory_mib, cores + vcpus)
+            self._pending_workspaces[(workspace, chosen)] += 1
         try:
             yield chosen
         finally:
             with self._pending_lock:
                 mem, cores = self._pending[chosen]
                 self._pending[chosen] = (mem - memory_mib, cores - vcpus)
+                # In-place subtraction drops the counts that reach zero.
+                self._pending_workspaces -= Counter({(workspace, chosen): 1})
 
 
 def vm_name(key: str) -> str:
@@ -594,11 +621,26 @@ def vm_name(key: str) -> str:
     return guest_hostname(key)
 
 
+def workspace_tag(workspace: str) -> str:
+    return WORKSPACE_TAG + workspace
+
+
+def desktop_tags(key: str, workspace: str) -> tuple[str, ...]:
+    """Our owner tag, the desktop's key and, when known, its workspace."""
+    if not workspace:
+        return (OWNER_TAG, key)
+    if not _KEY.fullmatch(workspace):
+        raise DriverError(
+            f"{workspace!r} is not a valid workspace id (lowercase letters, digits, '_' and '-')"
+        )
+    return (OWNER_TAG, key, workspace_tag(workspace))
+
+
 def _key_of(vm: PveVm) -> str:
     """The desktop key among a VM's tags; VMs without our owner tag (or pool members) have none."""
     if OWNER_TAG not in vm.tags:
         return ""
-    return next((t for t in vm.tags if t != OWNER_TAG), "")
+    return next((t for t in vm.tags if t != OWNER_TAG and not t.startswith(WORKSPACE_TAG)), "")
 
 
 def _checked(key: str) -> str:
