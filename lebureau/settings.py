@@ -239,8 +239,15 @@ PROXMOX_API_TIMEOUT = env.int("PROXMOX_API_TIMEOUT", 30)
 PROXMOX_TASK_TIMEOUT = env.float("PROXMOX_TASK_TIMEOUT", 600.0)
 PROXMOX_AGENT_TIMEOUT = env.float("PROXMOX_AGENT_TIMEOUT", 300.0)
 PROXMOX_SHUTDOWN_TIMEOUT = env.int("PROXMOX_SHUTDOWN_TIMEOUT", 60)
+# Seconds between two re-resolutions of the desktops' allowed domains into their firewall's IP sets.
+PROXMOX_DOMAIN_REFRESH_INTERVAL = env.float("PROXMOX_DOMAIN_REFRESH_INTERVAL", 300.0)
 CELERY_BEAT_SCHEDULE["proxmox-warm-pool"] = {
     "task": "workers.tasks.refill_warm_pool",
     "schedule": PROXMOX_WARM_POOL_INTERVAL,
     "options": {"expires": PROXMOX_WARM_POOL_INTERVAL},
+}
+CELERY_BEAT_SCHEDULE["proxmox-allowed-domains"] = {
+    "task": "workers.tasks.refresh_allowed_domains",
+    "schedule": PROXMOX_DOMAIN_REFRESH_INTERVAL,
+    "options": {"expires": PROXMOX_DOMAIN_REFRESH_INTERVAL},
 }

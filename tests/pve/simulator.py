@@ -86,6 +86,7 @@ class Vm:
     fw_options: dict[str, str] = field(default_factory=dict)
     fw_rules: list[dict[str, str]] = field(default_factory=list)
     ipsets: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    ipset_comments: dict[str, str] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -568,14 +569,34 @@ def _fw_rule_delete(sim, params):
 
 
 def _ipsets_get(sim, params):
-    return [{"name": name, "digest": _digest(entries)} for name, entries in sim._vm(params).ipsets.items()]
+    vm = sim._vm(params)
+    listed = []
+    for name, entries in vm.ipsets.items():
+        comment = {"comment": vm.ipset_comments[name]} if name in vm.ipset_comments else {}
+        listed.append({"name": name, "digest": _digest(entries), **comment})
+    return listed
 
 
 def _ipset_create(sim, params):
+    """Create a set, or with ``rename`` (the current name) rename it and/or change its comment."""
     vm = sim._vm(params)
-    if params["name"] in vm.ipsets:
-        raise ApiError(500, f"IPSet '{params['name']}' already exists")
-    vm.ipsets[params["name"]] = []
+    name, old = params["name"], params.get("rename")
+    if old:
+        if old not in vm.ipsets:
+            raise ApiError(400, "Parameter verification failed.", {"name": f"IPSet '{old}' does not exists"})
+        if name in vm.ipsets and name != old:
+            raise ApiError(
+                400, "Parameter verification failed.", {"name": f"IPSet '{name}' does already exist"}
+            )
+        vm.ipsets[name] = vm.ipsets.pop(old)
+        if old in vm.ipset_comments:
+            vm.ipset_comments[name] = vm.ipset_comments.pop(old)
+    elif name in vm.ipsets:
+        raise ApiError(400, "Parameter verification failed.", {"name": f"IPSet '{name}' already exists"})
+    else:
+        vm.ipsets[name] = []
+    if "comment" in params:
+        vm.ipset_comments[name] = params["comment"]
 
 
 def _ipset_entries(sim, params) -> list[dict[str, str]]:
@@ -608,6 +629,7 @@ def _ipset_delete(sim, params):
     if _ipset_entries(sim, params) and params.get("force") != "1":
         raise ApiError(500, "IPSet is not empty")
     del vm.ipsets[params["name"]]
+    vm.ipset_comments.pop(params["name"], None)
 
 
 def _vncproxy(sim: Simulator, params):

@@ -92,6 +92,9 @@ class NetworkPolicy:
 
     allow_internet: bool = True
     allowed_cidrs: tuple[str, ...] = ()
+    # Names whose current addresses are allowed, for services whose addresses change; engines that
+    # support them re-resolve them periodically.
+    allowed_domains: tuple[str, ...] = ()
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")

@@ -17,6 +17,7 @@ bench inject a recorder instead, because the simulator has no guest to log into.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -44,10 +45,20 @@ from workers.drivers.base import (
     guest_hostname,
     no_progress,
 )
-from workers.drivers.proxmox_firewall import apply_firewall, firewall_plan
+from workers.drivers.proxmox_firewall import (
+    DOMAINS,
+    Resolver,
+    apply_firewall,
+    converge_ipset,
+    domains_of,
+    firewall_plan,
+    resolve_ipv4,
+    resolved,
+)
 from workers.drivers.proxmox_guest import ssh_guest_setup
 from workers.drivers.proxmox_pool import PoolShape
 
+logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
 OWNER_TAG = "lebureau"
 # The tag naming a desktop's workspace is this prefix and the workspace's id.
@@ -121,6 +132,7 @@ class ProxmoxDriver(ComputeDriver):
         warm_pool_running: bool = True,
         pool_ssh_public_key: str = "",
         guest_setup: GuestSetup | None = None,
+        resolve: Resolver = resolve_ipv4,
         api_timeout: int = 30,
         task_timeout: float = 600.0,
         agent_timeout: float = 300.0,
@@ -157,6 +169,7 @@ class ProxmoxDriver(ComputeDriver):
         self.warm_pool_running = warm_pool_running
         self.pool_ssh_public_key = pool_ssh_public_key
         self.guest_setup = guest_setup or ssh_guest_setup
+        self.resolve = resolve
         self.task_timeout = task_timeout
         self.agent_timeout = agent_timeout
         self.shutdown_timeout = shutdown_timeout
@@ -284,7 +297,9 @@ class ProxmoxDriver(ComputeDriver):
         self.apply_firewall(self._existing(key, "change the network policy of"), policy)
 
     def apply_firewall(self, vm: PveVm, policy: NetworkPolicy) -> None:
-        plan = firewall_plan(policy, self.control_cidrs, self.control_tcp_ports, self.private_cidrs)
+        plan = firewall_plan(
+            policy, self.control_cidrs, self.control_tcp_ports, self.private_cidrs, self.resolve
+        )
         self.call(f"set the firewall of VM {vm.vmid}", apply_firewall, self.api_vm(vm), plan)
 
     # -- beyond the interface -----------------------------------------------------------------
@@ -305,6 +320,38 @@ class ProxmoxDriver(ComputeDriver):
             ticket=proxy["ticket"],
             headers={"Authorization": f"PVEAPIToken={user}!{token_name}={secret}"},
         )
+
+    def refresh_allowed_domains(self) -> dict[str, tuple[str, ...]]:
+        """Re-resolve the allowed domains of every desktop VM and bring its IP set up to date.
+
+        Called by a periodic task; returns the new addresses of each desktop whose set changed. A
+        desktop whose lookup or update fails keeps its set as it was and is tried again next time.
+        """
+        changed, lookups = {}, {}
+
+        def resolve(domain: str) -> tuple[str, ...]:
+            # Desktops share domains: one lookup per domain and refresh.
+            if domain not in lookups:
+                lookups[domain] = tuple(self.resolve(domain))
+            return lookups[domain]
+
+        for vm in self.vms():
+            key = _key_of(vm)
+            if not key:
+                continue
+            firewall = self.api_vm(vm).firewall
+            try:
+                sets = self.call(f"list the IP sets of VM {vm.vmid}", firewall.ipset.get)
+                domains = next((domains_of(s.get("comment", "")) for s in sets if s["name"] == DOMAINS), ())
+                if not domains:
+                    continue
+                addresses = resolved(domains, resolve)
+                ipset = firewall.ipset(DOMAINS)
+                if self.call(f"refresh the domains of VM {vm.vmid}", converge_ipset, ipset, addresses):
+                    changed[key] = addresses
+            except DriverError as exc:
+                logger.warning("allowed domains of %s not refreshed: %s", key, exc.message)
+        return changed
 
     def refill_pool(self) -> dict[str, int]:
         """Bring every pool flavour to its size on every node: clone what is missing, remove extras.
