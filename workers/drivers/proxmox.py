@@ -33,6 +33,7 @@ from proxmoxer import ProxmoxAPI, ResourceException
 from workers.drivers import proxmox_pool
 from workers.drivers.base import (
     ComputeDriver,
+    ConsoleTicket,
     DriverError,
     InstanceSpec,
     InstanceState,
@@ -77,19 +78,6 @@ _UNITS = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}
 DEFAULT_PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 
 GuestSetup = Callable[[InstanceSpec, str], None]
-
-
-@dataclass(frozen=True)
-class ConsoleTicket:
-    """What the VNC relay needs to reach a VM's console through PVE (``vncproxy`` + ``vncwebsocket``).
-
-    Open ``url`` as a WebSocket with ``headers``, then speak RFB using ``ticket`` as the VNC password.
-    """
-
-    url: str
-    port: int
-    ticket: str
-    headers: dict[str, str]
 
 
 @dataclass
@@ -305,20 +293,27 @@ class ProxmoxDriver(ComputeDriver):
     # -- beyond the interface -----------------------------------------------------------------
 
     def console(self, key: str) -> ConsoleTicket:
-        """A one-time ticket for the VM's own console, for when the guest's VNC server is unreachable."""
+        """The VM's emulated display through PVE: ``vncproxy`` opens it, ``vncwebsocket`` carries it.
+
+        PVE puts VNC authentication in front of it. Its password is the ticket unless one is generated;
+        a generated one is asked for, because VNC authentication only uses a password's first eight
+        characters and a ticket's are always "PVEVNC:" and a hex digit.
+        """
         vm = self._existing(key, "open the console of")
         if vm.status != "running":
             raise DriverError(f"desktop {key} is not running: it has no console")
-        proxy = self.call("open the console", self.api_vm(vm).vncproxy.post, websocket=1)
+        proxy = self.call(
+            "open the console", self.api_vm(vm).vncproxy.post, websocket=1, **{"generate-password": 1}
+        )
         user, token_name, secret = (self._connection[k] for k in ("user", "token_name", "token_value"))
         host = self._connection["host"]
         path = f"/api2/json/nodes/{vm.node}/qemu/{vm.vmid}/vncwebsocket"
         query = f"port={proxy['port']}&vncticket={quote(proxy['ticket'], safe='')}"
         return ConsoleTicket(
             url=f"wss://{host}{path}?{query}",
-            port=int(proxy["port"]),
-            ticket=proxy["ticket"],
+            password=proxy["password"],
             headers={"Authorization": f"PVEAPIToken={user}!{token_name}={secret}"},
+            verify=self._connection["verify_ssl"],
         )
 
     def refresh_allowed_domains(self) -> dict[str, tuple[str, ...]]:
