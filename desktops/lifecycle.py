@@ -101,6 +101,7 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
         disk_gib=desktop.plan.disk_gib,
         ssh_public_key=control_plane_public_key(),
         image_profile=desktop.image_profile,
+        workspace=desktop.workspace_id,
         # The `bureau` helper's desktop-scoped credential for the control plane's callback API.
         files={AGENT_TOKEN_PATH: token + "\n"},
     )

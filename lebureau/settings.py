@@ -233,6 +233,8 @@ PROXMOX_CLONE_STORAGE = env.str("PROXMOX_CLONE_STORAGE", "")
 PROXMOX_IPCONFIG = env.str("PROXMOX_IPCONFIG", "ip=dhcp")
 PROXMOX_MEMORY_RESERVE_MIB = env.int("PROXMOX_MEMORY_RESERVE_MIB", 2048)
 PROXMOX_CPU_OVERCOMMIT = env.float("PROXMOX_CPU_OVERCOMMIT", 4.0)
+# Place a new desktop on a node holding no other desktop of its workspace, while one fits.
+PROXMOX_ANTI_AFFINITY = env.bool("PROXMOX_ANTI_AFFINITY", False)
 # Where the control plane's connections come from: the only source allowed to desktops' SSH and VNC.
 PROXMOX_CONTROL_CIDRS = tuple(env.list("PROXMOX_CONTROL_CIDRS", []))
 PROXMOX_CONTROL_TCP_PORTS = tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [8000], subcast=int))
@@ -247,8 +249,15 @@ PROXMOX_API_TIMEOUT = env.int("PROXMOX_API_TIMEOUT", 30)
 PROXMOX_TASK_TIMEOUT = env.float("PROXMOX_TASK_TIMEOUT", 600.0)
 PROXMOX_AGENT_TIMEOUT = env.float("PROXMOX_AGENT_TIMEOUT", 300.0)
 PROXMOX_SHUTDOWN_TIMEOUT = env.int("PROXMOX_SHUTDOWN_TIMEOUT", 60)
+# Seconds between two re-resolutions of the desktops' allowed domains into their firewall's IP sets.
+PROXMOX_DOMAIN_REFRESH_INTERVAL = env.float("PROXMOX_DOMAIN_REFRESH_INTERVAL", 300.0)
 CELERY_BEAT_SCHEDULE["proxmox-warm-pool"] = {
     "task": "workers.tasks.refill_warm_pool",
     "schedule": PROXMOX_WARM_POOL_INTERVAL,
     "options": {"expires": PROXMOX_WARM_POOL_INTERVAL},
+}
+CELERY_BEAT_SCHEDULE["proxmox-allowed-domains"] = {
+    "task": "workers.tasks.refresh_allowed_domains",
+    "schedule": PROXMOX_DOMAIN_REFRESH_INTERVAL,
+    "options": {"expires": PROXMOX_DOMAIN_REFRESH_INTERVAL},
 }

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from urllib.parse import parse_qs
 
 import paramiko
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from websockets.exceptions import InvalidHandshake
 
 from desktops.events import desktop_group, user_group
+from proxies.console import ConsoleRefused, ConsoleScreen
 from proxies.rfb import ClientStreamFilter, RfbViolation
-from proxies.sessions import Mode, RelayDenied, relay_grant_check, relay_grant_recheck
+from proxies.sessions import Mode, RelayDenied, relay_desktop_engine, relay_grant_check, relay_grant_recheck
+from workers.drivers import get_driver
+from workers.drivers.base import DriverError
 from workers.ssh import desktop_ssh_connect
 
+logger = logging.getLogger(__name__)
 CHUNK = 256 * 1024
 
 
@@ -106,20 +112,40 @@ class _DesktopScreen(asyncio.Protocol):
             self.transport.resume_reading()
         return data
 
+    async def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    async def close(self) -> None:
+        self.transport.close()
+
 
 class VncRelayConsumer(RelayConsumer):
-    """noVNC's RFB over a WebSocket <-> the desktop's VNC server over TCP."""
+    """noVNC's RFB over a WebSocket <-> the desktop's VNC server over TCP, or, when that does not
+    answer, the VM's console through its engine (``proxies.console``)."""
 
     async def open_backend(self, host):
         loop = asyncio.get_running_loop()
         try:
-            self.transport, self.screen = await asyncio.wait_for(
+            _, self.screen = await asyncio.wait_for(
                 loop.create_connection(_DesktopScreen, host, settings.DESKTOP_VNC_PORT), timeout=5
             )
-        except (OSError, TimeoutError) as exc:
-            raise RelayDenied(4502, "The desktop's screen is not answering.") from exc
+        except (OSError, TimeoutError):
+            self.screen = await self._engine_console()
         self.rfb = ClientStreamFilter(allow_input=self.may_control)
         self.pump = asyncio.create_task(self._desktop_to_browser())
+
+    async def _engine_console(self) -> ConsoleScreen:
+        desktop_id = self.grant.desktop_id
+        try:
+            engine = await database_sync_to_async(relay_desktop_engine)(desktop_id=desktop_id)
+            ticket = await asyncio.to_thread(lambda: get_driver(engine).console(desktop_id))
+            return await ConsoleScreen.open(ticket, lambda data: self.send(bytes_data=data))
+        except ConsoleRefused as exc:
+            logger.warning("the console of %s refused the relay: %s", desktop_id, exc)
+            raise RelayDenied(4503, "The desktop's console refused the relay.") from exc
+        except (DriverError, OSError, TimeoutError, InvalidHandshake) as exc:
+            # Engines without a console of their own (LXC) end here too.
+            raise RelayDenied(4502, "The desktop's screen is not answering.") from exc
 
     async def _desktop_to_browser(self):
         while data := await self.screen.next_chunk():
@@ -131,15 +157,14 @@ class VncRelayConsumer(RelayConsumer):
             return
         try:
             data = self.rfb.feed(bytes_data)
+            if data:
+                await self.screen.write(data)
         except RfbViolation as exc:
             await self.deny(RelayDenied(4400, f"Not a VNC message the relay accepts: {exc}."))
-            return
-        if data:
-            self.transport.write(data)
 
     async def close_backend(self):
         self.pump.cancel()
-        self.transport.close()
+        await self.screen.close()
 
 
 class TerminalRelayConsumer(RelayConsumer):

@@ -36,7 +36,8 @@ class RelayDenied(Exception):
 
 
 # Close codes: 4400 protocol misuse, 4401 token missing/bad/expired, 4403 no (longer) access,
-# 4409 desktop not running, 4502 the desktop's service is not answering.
+# 4409 desktop not running, 4502 the desktop's service is not answering, 4503 the engine's console
+# (the VNC relay's fallback) refused the relay.
 NO_TOKEN = RelayDenied(4401, "A session token is required.")
 
 
@@ -78,6 +79,11 @@ def relay_grant_check(*, token: str, desktop_id: str) -> tuple[RelayGrant, str]:
         raise RelayDenied(4403, "This session token is for another desktop.")
     grant = RelayGrant(user_id=data["u"], desktop_id=data["d"], mode=Mode(data["m"]))
     return grant, relay_grant_recheck(grant)
+
+
+def relay_desktop_engine(*, desktop_id: str) -> str:
+    """The compute engine the desktop is on, whose console the VNC relay falls back to."""
+    return Desktop.objects.values_list("driver", flat=True).get(id=desktop_id)
 
 
 def relay_grant_recheck(grant: RelayGrant) -> str:

@@ -122,3 +122,11 @@ def refill_warm_pool() -> dict[str, int]:
     if settings.COMPUTE_DRIVER != "proxmox" or not settings.PROXMOX_WARM_POOL:
         return {}
     return get_driver("proxmox").refill_pool()
+
+
+@app.task(name="workers.tasks.refresh_allowed_domains", acks_late=True, soft_time_limit=600, time_limit=630)
+def refresh_allowed_domains() -> dict[str, tuple[str, ...]]:
+    """Keep the Proxmox desktops' allowed-domain IP sets on the domains' current addresses."""
+    if settings.COMPUTE_DRIVER != "proxmox":
+        return {}
+    return get_driver("proxmox").refresh_allowed_domains()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, urlsplit
+
 import pytest
+from proxmoxer import ResourceException
 
 from tests.drivers.contract import DriverContract
 from tests.pve.support import (
@@ -114,11 +117,13 @@ def test_console_ticket_opens_the_vnc_websocket(sim, pve):
         f"wss://{sim.host}/api2/json/nodes/pve1/qemu/{status.ref}/vncwebsocket?port="
     )
     assert console.headers["Authorization"].startswith("PVEAPIToken=lebureau@pve!driver=")
-    # PVE checks the ticket against the port on the websocket upgrade; the simulator does so on a GET.
-    answer = (
-        pve.api.nodes("pve1").qemu(status.ref).vncwebsocket.get(port=console.port, vncticket=console.ticket)
-    )
-    assert answer == {"port": str(console.port)}
+    assert len(console.password) == 8 and console.verify == sim.ca_path
+    # PVE checks the ticket against the port (on the websocket upgrade, and on a plain GET too).
+    query = dict(parse_qsl(urlsplit(console.url).query))
+    vncwebsocket = pve.api.nodes("pve1").qemu(status.ref).vncwebsocket
+    assert vncwebsocket.get(**query) == {"port": query["port"]}
+    with pytest.raises(ResourceException, match="invalid PVEVNC ticket"):
+        vncwebsocket.get(port=query["port"], vncticket=query["vncticket"] + "x")
     pve.stop(spec.key)
     with pytest.raises(DriverError, match="not running"):
         pve.console(spec.key)

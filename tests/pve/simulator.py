@@ -3,13 +3,16 @@
 What it is: every request is checked against the official API schema (``schema.py``), then served
 from in-memory state: nodes with memory and CPU, VMs with configs and digests, ``lock: clone``
 during a clone, UPID tasks that last a configurable time and can be made to fail, the guest agent
-answering some time after start, firewall options, rules and IP sets, ``vncproxy`` tickets, API
-token auth with privilege checks (PVE's own "and"/"or"/"perm" rules from the schema). Errors have
-PVE's shape: the message in the HTTP reason phrase and in ``message``, per-parameter ``errors`` for a
-400. Its own answers are checked against the schema's documented return types too.
+answering some time after start, firewall options, rules and IP sets, ``vncproxy`` tickets and a
+``vncwebsocket`` that upgrades to a real WebSocket carrying a small RFB server behind VNC
+authentication (``console.py``), API token auth with privilege checks (PVE's own "and"/"or"/"perm"
+rules from the schema). Errors have PVE's shape: the message in the HTTP reason phrase and in
+``message``, per-parameter ``errors`` for a 400. Its own answers are checked against the schema's
+documented return types too.
 
 What it is not: there is no guest. Nothing boots, no disk is written, SSH into a VM is impossible;
-the guest agent's address is invented. Time-based states are evaluated lazily on each request.
+the guest agent's address is invented, the console's screen is blank. Time-based states are
+evaluated lazily on each request.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.pve import console
 from tests.pve.schema import Schema, SchemaError, return_errors
 
 MIB = 1024 * 1024
@@ -44,6 +48,10 @@ GIB = 1024 * MIB
 HOST_MEMORY = 2 * GIB
 TOKEN_USER = "lebureau@pve"
 TOKEN_ID = "driver"
+# PVE accepts a VNC ticket for 40 s (``verify_vnc_ticket``); ``qm vncproxy`` expires the VM's VNC
+# password 30 s after setting it.
+VNC_TICKET_LIFETIME = 40.0
+VNC_PASSWORD_LIFETIME = 30.0
 
 
 @dataclass
@@ -86,6 +94,7 @@ class Vm:
     fw_options: dict[str, str] = field(default_factory=dict)
     fw_rules: list[dict[str, str]] = field(default_factory=list)
     ipsets: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    ipset_comments: dict[str, str] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -102,6 +111,14 @@ class Vm:
 
 def _digest(value: object) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()  # noqa: S324 (PVE's choice)
+
+
+@dataclass
+class VncTicket:
+    vmid: int
+    port: int
+    password: str
+    issued_at: float
 
 
 @dataclass
@@ -141,7 +158,9 @@ class Simulator:
         self._delays: list[tuple[str, re.Pattern, float]] = []
         self._stolen_ids = 0
         self._task_faults: dict[str, list[str]] = {}
-        self._vnc_tickets: dict[str, int] = {}
+        self._vnc_tickets: dict[str, VncTicket] = {}
+        self.vnc_ticket_lifetime = VNC_TICKET_LIFETIME
+        self.vnc_password_lifetime = VNC_PASSWORD_LIFETIME
         self._pids = itertools.count(0x1000)
         self._ips = (str(ip) for ip in ipaddress.ip_network("10.220.0.0/16").hosts())
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -568,14 +587,34 @@ def _fw_rule_delete(sim, params):
 
 
 def _ipsets_get(sim, params):
-    return [{"name": name, "digest": _digest(entries)} for name, entries in sim._vm(params).ipsets.items()]
+    vm = sim._vm(params)
+    listed = []
+    for name, entries in vm.ipsets.items():
+        comment = {"comment": vm.ipset_comments[name]} if name in vm.ipset_comments else {}
+        listed.append({"name": name, "digest": _digest(entries), **comment})
+    return listed
 
 
 def _ipset_create(sim, params):
+    """Create a set, or with ``rename`` (the current name) rename it and/or change its comment."""
     vm = sim._vm(params)
-    if params["name"] in vm.ipsets:
-        raise ApiError(500, f"IPSet '{params['name']}' already exists")
-    vm.ipsets[params["name"]] = []
+    name, old = params["name"], params.get("rename")
+    if old:
+        if old not in vm.ipsets:
+            raise ApiError(400, "Parameter verification failed.", {"name": f"IPSet '{old}' does not exists"})
+        if name in vm.ipsets and name != old:
+            raise ApiError(
+                400, "Parameter verification failed.", {"name": f"IPSet '{name}' does already exist"}
+            )
+        vm.ipsets[name] = vm.ipsets.pop(old)
+        if old in vm.ipset_comments:
+            vm.ipset_comments[name] = vm.ipset_comments.pop(old)
+    elif name in vm.ipsets:
+        raise ApiError(400, "Parameter verification failed.", {"name": f"IPSet '{name}' already exists"})
+    else:
+        vm.ipsets[name] = []
+    if "comment" in params:
+        vm.ipset_comments[name] = params["comment"]
 
 
 def _ipset_entries(sim, params) -> list[dict[str, str]]:
@@ -608,26 +647,34 @@ def _ipset_delete(sim, params):
     if _ipset_entries(sim, params) and params.get("force") != "1":
         raise ApiError(500, "IPSet is not empty")
     del vm.ipsets[params["name"]]
+    vm.ipset_comments.pop(params["name"], None)
 
 
 def _vncproxy(sim: Simulator, params):
     vm = sim._vm(params)
     sim._running(vm)
-    ticket = f"PVEVNC:{secrets.token_hex(8).upper()}::{secrets.token_urlsafe(24)}"
+    now = time.time()
+    ticket = f"PVEVNC:{int(now):08X}::{secrets.token_urlsafe(24)}"
     port = 5900 + len(sim._vnc_tickets) % 100
-    sim._vnc_tickets[ticket] = port
-    return {
+    # The VNC password is the ticket itself unless PVE is asked to generate one (8 printable chars).
+    generated = params.get("generate-password") == "1"
+    password = "".join(secrets.choice(console.PRINTABLE) for _ in range(8)) if generated else ticket
+    sim._vnc_tickets[ticket] = VncTicket(vm.vmid, port, password, now)
+    answer = {
         "port": port,
         "ticket": ticket,
         "user": f"{TOKEN_USER}!{TOKEN_ID}",
         "cert": "-----BEGIN CERTIFICATE-----\n(simulated)\n-----END CERTIFICATE-----\n",
         "upid": sim._task(vm.node, "vncproxy", vm.vmid, 0, lambda ok: None),
     }
+    return {**answer, "password": password} if generated else answer
 
 
 def _vncwebsocket(sim: Simulator, params):
-    sim._vm(params)
-    if sim._vnc_tickets.get(params["vncticket"]) != int(params["port"]):
+    vm = sim._vm(params)
+    vnc = sim._vnc_tickets.get(params["vncticket"])
+    fresh = vnc is not None and time.time() < vnc.issued_at + sim.vnc_ticket_lifetime
+    if not fresh or (vnc.vmid, vnc.port) != (vm.vmid, int(params["port"])):
         raise ApiError(401, "permission denied - invalid PVEVNC ticket")
     return {"port": params["port"]}
 
@@ -694,6 +741,16 @@ def _handler(sim: Simulator):
             try:
                 data = sim.handle(self.command, url.path, params, self.headers.get("Authorization", ""))
                 status, body, reason = 200, {"data": data}, "OK"
+                # As pveproxy: a successful GET of a path ending in "websocket" may upgrade.
+                if self.headers.get("Upgrade") and self.command == "GET" and url.path.endswith("websocket"):
+                    refused = console.refusal(self.headers)
+                    if refused:
+                        raise ApiError(500, refused)
+                    vnc = sim._vnc_tickets[params["vncticket"]]
+                    password_expires = vnc.issued_at + sim.vnc_password_lifetime
+                    self.close_connection = True
+                    console.serve(self, vnc.password, password_expires, f"VM {vnc.vmid}")
+                    return
             except ApiError as exc:
                 status, reason = exc.status, exc.message
                 body = {"data": None, "message": exc.message + "\n"}

@@ -64,6 +64,8 @@ class InstanceSpec:
     disk_gib: int
     ssh_public_key: str
     image_profile: str = "minimal"
+    # The workspace the desktop belongs to, for engines that spread a workspace's desktops.
+    workspace: str = ""
     # Extra files written into the guest at provision (path -> content), e.g. the
     # desktop-scoped token of the `bureau` helper.
     files: dict[str, str] = field(default_factory=dict)
@@ -79,6 +81,20 @@ class InstanceStatus:
 
 
 @dataclass(frozen=True)
+class ConsoleTicket:
+    """What the VNC relay needs to reach an instance's screen through its engine rather than the guest.
+
+    Open ``url`` as a WebSocket with ``headers`` (verifying TLS per ``verify``: True, False or a CA
+    bundle's path), then speak RFB, answering its VNC authentication with ``password``.
+    """
+
+    url: str
+    password: str
+    headers: dict[str, str]
+    verify: bool | str = True
+
+
+@dataclass(frozen=True)
 class InstanceUsage:
     memory_bytes: int
     cpu_seconds: float
@@ -90,6 +106,9 @@ class NetworkPolicy:
 
     allow_internet: bool = True
     allowed_cidrs: tuple[str, ...] = ()
+    # Names whose current addresses are allowed, for services whose addresses change; engines that
+    # support them re-resolve them periodically.
+    allowed_domains: tuple[str, ...] = ()
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -155,6 +174,10 @@ class ComputeDriver(abc.ABC):
     def usage(self, key: str) -> InstanceUsage | None:
         """What the instance uses now, where the engine can tell; None where it cannot."""
         return None
+
+    def console(self, key: str) -> ConsoleTicket:
+        """A one-time way to the instance's own console, for when the guest's VNC server is unreachable."""
+        raise DriverError(f"the {self.name or type(self).__name__} engine has no console of its own")
 
     def image_metadata(self, key: str) -> dict:
         """What the engine knows of the image the instance was made from (profile, build, packages)."""

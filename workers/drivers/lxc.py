@@ -258,6 +258,10 @@ class LxcDriver(ComputeDriver):
 
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
         key = _checked(key)
+        if policy.allowed_domains:
+            raise DriverError(
+                "the LXC engine cannot allow domains by name; allow their addresses as CIDRs instead"
+            )
         cidrs = []
         for cidr in policy.allowed_cidrs:
             try:

@@ -17,10 +17,12 @@ bench inject a recorder instead, because the simulator has no guest to log into.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -31,6 +33,7 @@ from proxmoxer import ProxmoxAPI, ResourceException
 from workers.drivers import proxmox_pool
 from workers.drivers.base import (
     ComputeDriver,
+    ConsoleTicket,
     DriverError,
     InstanceSpec,
     InstanceState,
@@ -43,12 +46,24 @@ from workers.drivers.base import (
     guest_hostname,
     no_progress,
 )
-from workers.drivers.proxmox_firewall import apply_firewall, firewall_plan
+from workers.drivers.proxmox_firewall import (
+    DOMAINS,
+    Resolver,
+    apply_firewall,
+    converge_ipset,
+    domains_of,
+    firewall_plan,
+    resolve_ipv4,
+    resolved,
+)
 from workers.drivers.proxmox_guest import ssh_guest_setup
 from workers.drivers.proxmox_pool import PoolShape
 
+logger = logging.getLogger(__name__)
 MIB = 1024 * 1024
 OWNER_TAG = "lebureau"
+# The tag naming a desktop's workspace is this prefix and the workspace's id.
+WORKSPACE_TAG = "lbws-"
 _KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 # PVE refusals worth retrying: someone else holds the VM, or the cluster is briefly unwell.
 _TRANSIENT = re.compile(
@@ -63,19 +78,6 @@ _UNITS = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}
 DEFAULT_PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 
 GuestSetup = Callable[[InstanceSpec, str], None]
-
-
-@dataclass(frozen=True)
-class ConsoleTicket:
-    """What the VNC relay needs to reach a VM's console through PVE (``vncproxy`` + ``vncwebsocket``).
-
-    Open ``url`` as a WebSocket with ``headers``, then speak RFB using ``ticket`` as the VNC password.
-    """
-
-    url: str
-    port: int
-    ticket: str
-    headers: dict[str, str]
 
 
 @dataclass
@@ -110,6 +112,7 @@ class ProxmoxDriver(ComputeDriver):
         ipconfig: str = "ip=dhcp",
         memory_reserve_mib: int = 2048,
         cpu_overcommit: float = 4.0,
+        anti_affinity: bool = False,
         control_cidrs: tuple[str, ...] = (),
         control_tcp_ports: tuple[int, ...] = (8000,),
         private_cidrs: tuple[str, ...] = DEFAULT_PRIVATE_CIDRS,
@@ -117,6 +120,7 @@ class ProxmoxDriver(ComputeDriver):
         warm_pool_running: bool = True,
         pool_ssh_public_key: str = "",
         guest_setup: GuestSetup | None = None,
+        resolve: Resolver = resolve_ipv4,
         api_timeout: int = 30,
         task_timeout: float = 600.0,
         agent_timeout: float = 300.0,
@@ -145,6 +149,7 @@ class ProxmoxDriver(ComputeDriver):
         self.ipconfig = ipconfig
         self.memory_reserve_mib = memory_reserve_mib
         self.cpu_overcommit = cpu_overcommit
+        self.anti_affinity = anti_affinity
         self.control_cidrs = control_cidrs
         self.control_tcp_ports = control_tcp_ports
         self.private_cidrs = private_cidrs
@@ -152,6 +157,7 @@ class ProxmoxDriver(ComputeDriver):
         self.warm_pool_running = warm_pool_running
         self.pool_ssh_public_key = pool_ssh_public_key
         self.guest_setup = guest_setup or ssh_guest_setup
+        self.resolve = resolve
         self.task_timeout = task_timeout
         self.agent_timeout = agent_timeout
         self.shutdown_timeout = shutdown_timeout
@@ -161,6 +167,8 @@ class ProxmoxDriver(ComputeDriver):
         # Memory and cores promised to clones this process is still making, so concurrent creates
         # spread instead of all picking the same emptiest node.
         self._pending: dict[str, tuple[int, int]] = {}
+        # (workspace, node) of those clones, so concurrent creates of one workspace spread too.
+        self._pending_workspaces: Counter[tuple[str, str]] = Counter()
         self._pending_lock = threading.RLock()
 
     @classmethod
@@ -187,6 +195,7 @@ class ProxmoxDriver(ComputeDriver):
             ipconfig=settings.PROXMOX_IPCONFIG,
             memory_reserve_mib=settings.PROXMOX_MEMORY_RESERVE_MIB,
             cpu_overcommit=settings.PROXMOX_CPU_OVERCOMMIT,
+            anti_affinity=settings.PROXMOX_ANTI_AFFINITY,
             control_cidrs=settings.PROXMOX_CONTROL_CIDRS,
             control_tcp_ports=settings.PROXMOX_CONTROL_TCP_PORTS,
             private_cidrs=settings.PROXMOX_PRIVATE_CIDRS,
@@ -204,12 +213,12 @@ class ProxmoxDriver(ComputeDriver):
     def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
         key = _checked(spec.key)
         check_spec(spec, min_memory_mib=256)
-        tags, name = (OWNER_TAG, key), vm_name(key)
+        tags, name = desktop_tags(key, spec.workspace), vm_name(key)
         progress(ProvisionStep.CLONE)
         vm = self._find(key) or proxmox_pool.claim(self, spec, tags, name)
         if vm is None:
             # The room stays held until the VM runs and counts in the node's own figures.
-            with self.placed(spec.memory_mib, spec.vcpus) as node:
+            with self.placed(spec.memory_mib, spec.vcpus, workspace=spec.workspace) as node:
                 vm = self.clone_template(spec.image_profile, node, name)
                 progress(ProvisionStep.NETWORK)
                 ip = self._personalise(self.wait_unlocked(vm), spec, tags)
@@ -276,27 +285,68 @@ class ProxmoxDriver(ComputeDriver):
         self.apply_firewall(self._existing(key, "change the network policy of"), policy)
 
     def apply_firewall(self, vm: PveVm, policy: NetworkPolicy) -> None:
-        plan = firewall_plan(policy, self.control_cidrs, self.control_tcp_ports, self.private_cidrs)
+        plan = firewall_plan(
+            policy, self.control_cidrs, self.control_tcp_ports, self.private_cidrs, self.resolve
+        )
         self.call(f"set the firewall of VM {vm.vmid}", apply_firewall, self.api_vm(vm), plan)
 
     # -- beyond the interface -----------------------------------------------------------------
 
     def console(self, key: str) -> ConsoleTicket:
-        """A one-time ticket for the VM's own console, for when the guest's VNC server is unreachable."""
+        """The VM's emulated display through PVE: ``vncproxy`` opens it, ``vncwebsocket`` carries it.
+
+        PVE puts VNC authentication in front of it. Its password is the ticket unless one is generated;
+        a generated one is asked for, because VNC authentication only uses a password's first eight
+        characters and a ticket's are always "PVEVNC:" and a hex digit.
+        """
         vm = self._existing(key, "open the console of")
         if vm.status != "running":
             raise DriverError(f"desktop {key} is not running: it has no console")
-        proxy = self.call("open the console", self.api_vm(vm).vncproxy.post, websocket=1)
+        proxy = self.call(
+            "open the console", self.api_vm(vm).vncproxy.post, websocket=1, **{"generate-password": 1}
+        )
         user, token_name, secret = (self._connection[k] for k in ("user", "token_name", "token_value"))
         host = self._connection["host"]
         path = f"/api2/json/nodes/{vm.node}/qemu/{vm.vmid}/vncwebsocket"
         query = f"port={proxy['port']}&vncticket={quote(proxy['ticket'], safe='')}"
         return ConsoleTicket(
             url=f"wss://{host}{path}?{query}",
-            port=int(proxy["port"]),
-            ticket=proxy["ticket"],
+            password=proxy["password"],
             headers={"Authorization": f"PVEAPIToken={user}!{token_name}={secret}"},
+            verify=self._connection["verify_ssl"],
         )
+
+    def refresh_allowed_domains(self) -> dict[str, tuple[str, ...]]:
+        """Re-resolve the allowed domains of every desktop VM and bring its IP set up to date.
+
+        Called by a periodic task; returns the new addresses of each desktop whose set changed. A
+        desktop whose lookup or update fails keeps its set as it was and is tried again next time.
+        """
+        changed, lookups = {}, {}
+
+        def resolve(domain: str) -> tuple[str, ...]:
+            # Desktops share domains: one lookup per domain and refresh.
+            if domain not in lookups:
+                lookups[domain] = tuple(self.resolve(domain))
+            return lookups[domain]
+
+        for vm in self.vms():
+            key = _key_of(vm)
+            if not key:
+                continue
+            firewall = self.api_vm(vm).firewall
+            try:
+                sets = self.call(f"list the IP sets of VM {vm.vmid}", firewall.ipset.get)
+                domains = next((domains_of(s.get("comment", "")) for s in sets if s["name"] == DOMAINS), ())
+                if not domains:
+                    continue
+                addresses = resolved(domains, resolve)
+                ipset = firewall.ipset(DOMAINS)
+                if self.call(f"refresh the domains of VM {vm.vmid}", converge_ipset, ipset, addresses):
+                    changed[key] = addresses
+            except DriverError as exc:
+                logger.warning("allowed domains of %s not refreshed: %s", key, exc.message)
+        return changed
 
     def refill_pool(self) -> dict[str, int]:
         """Bring every pool flavour to its size on every node: clone what is missing, remove extras.
@@ -564,14 +614,30 @@ class ProxmoxDriver(ComputeDriver):
             room[name] = (free_mem, free_cpu)
         return room
 
+    def crowded_nodes(self, workspace: str) -> set[str]:
+        """The nodes placement avoids for a new desktop of ``workspace``: those already holding one.
+
+        Empty unless anti-affinity is on. A VM counts whatever its state: a stopped one starts there.
+        """
+        if not (self.anti_affinity and workspace):
+            return set()
+        tag = workspace_tag(workspace)
+        with self._pending_lock:
+            pending = {n for w, n in self._pending_workspaces if w == workspace}
+            return pending | {vm.node for vm in self.vms() if tag in vm.tags}
+
     @contextlib.contextmanager
-    def placed(self, memory_mib: int, vcpus: int, node: str | None = None):
+    def placed(self, memory_mib: int, vcpus: int, node: str | None = None, workspace: str = ""):
         """Pick the node with the most free memory that fits, and hold the room until the VM runs."""
         with self._pending_lock:
             room = self.node_room()
             fitting = {n: r for n, r in room.items() if r[0] >= memory_mib and r[1] >= vcpus}
             if node is not None:
                 fitting = {n: r for n, r in fitting.items() if n == node}
+            crowded = self.crowded_nodes(workspace)
+            # Anti-affinity is a preference, not a rule: when every node that fits already holds a
+            # desktop of the workspace, one of them still gets the new one rather than nobody.
+            fitting = {n: r for n, r in fitting.items() if n not in crowded} or fitting
             if not fitting:
                 best = ", ".join(f"{n}: {m} MiB and {c:g} vCPUs free" for n, (m, c) in sorted(room.items()))
                 raise DriverError(
@@ -581,12 +647,15 @@ class ProxmoxDriver(ComputeDriver):
             chosen = max(fitting, key=lambda n: fitting[n])
             mem, cores = self._pending.get(chosen, (0, 0))
             self._pending[chosen] = (mem + memory_mib, cores + vcpus)
+            self._pending_workspaces[(workspace, chosen)] += 1
         try:
             yield chosen
         finally:
             with self._pending_lock:
                 mem, cores = self._pending[chosen]
                 self._pending[chosen] = (mem - memory_mib, cores - vcpus)
+                # In-place subtraction drops the counts that reach zero.
+                self._pending_workspaces -= Counter({(workspace, chosen): 1})
 
 
 def vm_name(key: str) -> str:
@@ -594,11 +663,26 @@ def vm_name(key: str) -> str:
     return guest_hostname(key)
 
 
+def workspace_tag(workspace: str) -> str:
+    return WORKSPACE_TAG + workspace
+
+
+def desktop_tags(key: str, workspace: str) -> tuple[str, ...]:
+    """Our owner tag, the desktop's key and, when known, its workspace."""
+    if not workspace:
+        return (OWNER_TAG, key)
+    if not _KEY.fullmatch(workspace):
+        raise DriverError(
+            f"{workspace!r} is not a valid workspace id (lowercase letters, digits, '_' and '-')"
+        )
+    return (OWNER_TAG, key, workspace_tag(workspace))
+
+
 def _key_of(vm: PveVm) -> str:
     """The desktop key among a VM's tags; VMs without our owner tag (or pool members) have none."""
     if OWNER_TAG not in vm.tags:
         return ""
-    return next((t for t in vm.tags if t != OWNER_TAG), "")
+    return next((t for t in vm.tags if t != OWNER_TAG and not t.startswith(WORKSPACE_TAG)), "")
 
 
 def _checked(key: str) -> str:

@@ -1,20 +1,35 @@
 """The PVE firewall of one desktop VM: options, IP sets and rules rendered from a network policy.
 
 Inbound: only the control plane, on SSH and VNC. Outbound: the control plane's callback ports, the
-policy's allowed CIDRs, never the private ranges (other desktops, internal networks), and the
-internet only when the policy allows it. ``ipfilter``/``macfilter`` stop a guest from spoofing.
+policy's allowed CIDRs and the addresses its allowed domains resolve to, never the private ranges
+(other desktops, internal networks), and the internet only when the policy allows it.
+``ipfilter``/``macfilter`` stop a guest from spoofing.
+
+The allowed domains are kept in the comment of their IP set, so the periodic refresh finds them on
+the VM itself (the control plane stores no policy) and re-resolves them: addresses behind a name
+change, and a set resolved once would go stale.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from workers.drivers.base import DriverError, NetworkPolicy
+from workers.drivers.base import DriverError, NetworkPolicy, TransientDriverError
 
-CONTROL, ALLOWED, PRIVATE = "lb-control", "lb-allowed", "lb-private"
+CONTROL, ALLOWED, DOMAINS, PRIVATE = "lb-control", "lb-allowed", "lb-domains", "lb-private"
 COMMENT = "lebureau"
+DOMAINS_COMMENT = f"{COMMENT} domains:"
+_DOMAIN = re.compile(
+    r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+)
+
+# A domain name -> its IPv4 addresses; raises OSError (socket.gaierror) when the lookup fails.
+Resolver = Callable[[str], Iterable[str]]
 # The fields of a rule the driver sets, the ones compared to decide whether rules changed.
 RULE_FIELDS = ("type", "action", "proto", "dport", "source", "dest", "enable", "comment")
 
@@ -24,6 +39,8 @@ class FirewallPlan:
     options: dict[str, object]
     ipsets: dict[str, tuple[str, ...]]
     rules: tuple[dict[str, str], ...]
+    # The IP sets' comments; the domains' one names them.
+    comments: dict[str, str]
 
 
 def firewall_plan(
@@ -31,8 +48,10 @@ def firewall_plan(
     control_cidrs: tuple[str, ...],
     control_tcp_ports: tuple[int, ...],
     private_cidrs: tuple[str, ...],
+    resolve: Resolver,
 ) -> FirewallPlan:
     allowed = tuple(_network(cidr) for cidr in policy.allowed_cidrs)
+    domains = tuple(sorted({_domain(name) for name in policy.allowed_domains}))
     rules = [
         _rule("in", "ACCEPT", "22", source=f"+{CONTROL}"),
         _rule("in", "ACCEPT", "5900", source=f"+{CONTROL}"),
@@ -40,7 +59,15 @@ def firewall_plan(
     ]
     if allowed:
         rules.append(_rule("out", "ACCEPT", dest=f"+{ALLOWED}"))
+    if domains:
+        rules.append(_rule("out", "ACCEPT", dest=f"+{DOMAINS}"))
     rules.append(_rule("out", "DROP", dest=f"+{PRIVATE}"))
+    ipsets = {
+        CONTROL: tuple(_network(c) for c in control_cidrs),
+        ALLOWED: allowed,
+        DOMAINS: resolved(domains, resolve),
+        PRIVATE: tuple(_network(c) for c in private_cidrs),
+    }
     return FirewallPlan(
         options={
             "enable": 1,
@@ -50,12 +77,9 @@ def firewall_plan(
             "policy_in": "DROP",
             "policy_out": "ACCEPT" if policy.allow_internet else "DROP",
         },
-        ipsets={
-            CONTROL: tuple(_network(c) for c in control_cidrs),
-            ALLOWED: allowed,
-            PRIVATE: tuple(_network(c) for c in private_cidrs),
-        },
+        ipsets=ipsets,
         rules=tuple(rules),
+        comments={name: domains_comment(domains) if name == DOMAINS else COMMENT for name in ipsets},
     )
 
 
@@ -65,15 +89,15 @@ def apply_firewall(vm_api, plan: FirewallPlan) -> None:
     New rules go in on top before the old ones are removed, so there is never a moment without them.
     """
     firewall = vm_api.firewall
-    existing = {s["name"] for s in firewall.ipset.get()}
+    existing = {s["name"]: s.get("comment", "") for s in firewall.ipset.get()}
     for name, cidrs in plan.ipsets.items():
+        comment = plan.comments[name]
         if name not in existing:
-            firewall.ipset.post(name=name, comment=COMMENT)
-        present = {e["cidr"] for e in firewall.ipset(name).get()}
-        for cidr in sorted(set(cidrs) - present):
-            firewall.ipset(name).post(cidr=cidr)
-        for cidr in sorted(present - set(cidrs)):
-            firewall.ipset(name)(quote(cidr, safe="")).delete()
+            firewall.ipset.post(name=name, comment=comment)
+        elif existing[name] != comment:
+            # PVE's way to change only the comment: "rename" the set to its own name.
+            firewall.ipset.post(name=name, rename=name, comment=comment)
+        converge_ipset(firewall.ipset(name), cidrs)
     current = firewall.rules.get()
     if [_comparable(r) for r in sorted(current, key=lambda r: r["pos"])] != list(plan.rules):
         for pos, rule in enumerate(plan.rules):
@@ -81,6 +105,49 @@ def apply_firewall(vm_api, plan: FirewallPlan) -> None:
         for pos in reversed(range(len(plan.rules), len(plan.rules) + len(current))):
             firewall.rules(pos).delete()
     firewall.options.put(**plan.options)
+
+
+def converge_ipset(ipset_api, cidrs: Iterable[str]) -> bool:
+    """Add the missing entries, then remove the others; True when anything changed."""
+    wanted = set(cidrs)
+    present = {e["cidr"] for e in ipset_api.get()}
+    for cidr in sorted(wanted - present):
+        ipset_api.post(cidr=cidr)
+    for cidr in sorted(present - wanted):
+        ipset_api(quote(cidr, safe="")).delete()
+    return wanted != present
+
+
+def domains_comment(domains: Iterable[str]) -> str:
+    return " ".join((DOMAINS_COMMENT, *domains))
+
+
+def domains_of(comment: str) -> tuple[str, ...]:
+    """The domains a domains IP set's comment names (none for any other comment)."""
+    if not comment.startswith(DOMAINS_COMMENT):
+        return ()
+    return tuple(comment.removeprefix(DOMAINS_COMMENT).split())
+
+
+def resolved(domains: Iterable[str], resolve: Resolver) -> tuple[str, ...]:
+    """Every IPv4 address of the domains as /32 networks; a failed lookup fails it all, so a DNS
+    outage never empties a set that is in use."""
+    addresses = set()
+    for domain in domains:
+        try:
+            answer = tuple(resolve(domain))
+        except OSError as exc:
+            # EAI_AGAIN is the resolver's "try again later"; anything else is the name's own fault.
+            error = TransientDriverError if getattr(exc, "errno", None) == socket.EAI_AGAIN else DriverError
+            raise error(f"allowed domain {domain!r} does not resolve: {exc}") from exc
+        addresses.update(_network(address) for address in answer)
+    return tuple(sorted(addresses, key=ipaddress.IPv4Network))
+
+
+def resolve_ipv4(domain: str) -> tuple[str, ...]:
+    """The domain's A records, by the system's resolver."""
+    answers = socket.getaddrinfo(domain, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    return tuple(answer[4][0] for answer in answers)
 
 
 def _rule(direction: str, action: str, dport: str = "", **address: str) -> dict[str, str]:
@@ -92,6 +159,13 @@ def _rule(direction: str, action: str, dport: str = "", **address: str) -> dict[
 
 def _comparable(rule: dict) -> dict[str, str]:
     return {k: str(rule[k]) for k in RULE_FIELDS if k in rule and rule[k] != ""}
+
+
+def _domain(name: str) -> str:
+    domain = name.strip().rstrip(".").lower()
+    if not _DOMAIN.fullmatch(domain):
+        raise DriverError(f"allowed domain {name!r} is not a domain name")
+    return domain
 
 
 def _network(cidr: str) -> str:

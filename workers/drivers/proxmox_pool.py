@@ -64,10 +64,13 @@ def claim(driver: ProxmoxDriver, spec: InstanceSpec, key_tags: tuple[str, ...], 
     if shape is None:
         return None
     room = driver.node_room()
-    # Booted members first (they save the whole boot), then the roomiest node.
+    crowded = driver.crowded_nodes(spec.workspace)
+    # Members on nodes without a desktop of the workspace first (anti-affinity, when on; a member on
+    # a crowded node still beats a cold clone), then booted ones (they save the whole boot), then the
+    # roomiest node.
     candidates = sorted(
         (vm for vm in members(driver, shape) if not vm.lock),
-        key=lambda vm: (vm.status != "running", -room.get(vm.node, (0, 0))[0]),
+        key=lambda vm: (vm.node in crowded, vm.status != "running", -room.get(vm.node, (0, 0))[0]),
     )
     for vm in candidates:
         config = driver.call(f"read the config of VM {vm.vmid}", driver.api_vm(vm).config.get)

@@ -1,0 +1,150 @@
+"""The VNC relay's fallback to the engine's console, against the PVE simulator's vncwebsocket; and the
+relay's VNC authentication against a real TigerVNC server."""
+
+import asyncio
+import struct
+import subprocess
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from desktops.audit import Actor
+from desktops.models import DesktopState, Role
+from lebureau.asgi import application
+from proxies.console import ConsoleRefused, RfbReader, vnc_authenticate
+from proxies.sessions import relay_session_create
+from tests.factories import DesktopFactory, MembershipFactory
+from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
+from tests.support import services as real
+from workers.drivers import get_driver
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
+
+
+@pytest.fixture
+def sim():
+    sim = simulator()
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def proxmox(settings, sim):
+    """The control plane's Proxmox engine pointed at the simulator; the guest's VNC port is closed."""
+    settings.PROXMOX_HOST = sim.host
+    settings.PROXMOX_TOKEN_USER, settings.PROXMOX_TOKEN_NAME, settings.PROXMOX_TOKEN_SECRET = sim.token
+    settings.PROXMOX_VERIFY_SSL = sim.ca_path
+    settings.PROXMOX_TEMPLATES = {"minimal": TEMPLATE}
+    settings.PROXMOX_CONTROL_CIDRS = (CONTROL_CIDR,)
+    settings.DESKTOP_VNC_PORT = real.free_port()
+    get_driver.cache_clear()
+    yield
+    get_driver.cache_clear()
+
+
+@pytest.fixture
+def desktop(proxmox, sim, plan):
+    desktop = DesktopFactory(state=DesktopState.RUNNING, driver="proxmox", private_ip="127.0.0.1")
+    # The VM as a worker would have made it (the simulator has no guest to set up over SSH).
+    driver_for(sim).provision(make_spec(key=desktop.id, hostname=desktop.id))
+    return desktop
+
+
+async def open_vnc(desktop):
+    member = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.MEMBER)
+    session = await sync_to_async(relay_session_create)(
+        actor=Actor(user=member.user), desktop_id=desktop.id, mode="control"
+    )
+    communicator = WebsocketCommunicator(
+        application,
+        f"/ws/desktops/{desktop.id}/vnc?token={session.token}",
+        headers=[(b"origin", b"http://127.0.0.1")],
+    )
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    return communicator
+
+
+async def closed_with(communicator, timeout=10):
+    while True:
+        message = await communicator.receive_output(timeout=timeout)
+        if message["type"] == "websocket.close":
+            return message["code"], message.get("reason", "")
+
+
+@needs_schema
+async def test_a_vm_whose_vnc_server_is_down_still_shows_its_console(desktop, sim):
+    communicator = await open_vnc(desktop)
+    # The browser meets a server without authentication, as with the guest's own.
+    assert await communicator.receive_from(timeout=10) == b"RFB 003.008\n"
+    await communicator.send_to(bytes_data=b"RFB 003.008\n")
+    assert await communicator.receive_from(timeout=5) == b"\x01\x01"
+    await communicator.send_to(bytes_data=b"\x01")
+    assert await communicator.receive_from(timeout=5) == b"\x00\x00\x00\x00"
+    await communicator.send_to(bytes_data=b"\x01")  # ClientInit, shared
+    server_init = await communicator.receive_from(timeout=5)
+    width, height = int.from_bytes(server_init[0:2], "big"), int.from_bytes(server_init[2:4], "big")
+    assert (width, height) == (800, 600)
+    vmid = sim.vm_by_name(desktop.id.replace("_", "-")).vmid
+    assert server_init.endswith(f"VM {vmid}".encode())
+    # A framebuffer update request is answered through the console.
+    await communicator.send_to(bytes_data=b"\x03\x00\x00\x00\x00\x00\x00\x10\x00\x10")
+    update = await communicator.receive_from(timeout=5)
+    assert update[0] == 0 and len(update) == 4 + 12 + 16 * 16 * 4
+    # The relay asked PVE for a generated password, never sending the ticket's predictable one.
+    proxy = next(p for m, path, p in sim.requests if path.endswith("/vncproxy"))
+    assert (proxy["websocket"], proxy["generate-password"]) == ("1", "1")
+    await communicator.disconnect()
+
+
+@needs_schema
+@pytest.mark.parametrize("expired", ["vnc_ticket_lifetime", "vnc_password_lifetime"])
+async def test_a_refused_console_closes_the_relay_with_its_own_code(desktop, sim, expired):
+    setattr(sim, expired, 0)
+    communicator = await open_vnc(desktop)
+    code, reason = await closed_with(communicator)
+    assert (code, reason) == (4503, "The desktop's console refused the relay.")
+
+
+async def test_an_engine_without_a_console_says_the_screen_is_not_answering(settings, plan):
+    settings.DESKTOP_VNC_PORT = real.free_port()
+    desktop = await sync_to_async(DesktopFactory)(state=DesktopState.RUNNING, private_ip="127.0.0.1")
+    code, reason = await closed_with(await open_vnc(desktop))
+    assert (code, reason) == (4502, "The desktop's screen is not answering.")
+
+
+@pytest.fixture
+def password_xvnc(tmp_path):
+    """TigerVNC's Xvnc behind VNC authentication, the scheme QEMU uses for PVE's console."""
+    password = "s3cr3t!?"
+    obfuscated = subprocess.run(["vncpasswd", "-f"], input=password.encode(), capture_output=True, check=True)
+    (tmp_path / "passwd").write_bytes(obfuscated.stdout)
+    port = real.free_port()
+    args = ["Xvnc", f":{port % 1000 + 100}", "-rfbport", str(port), "-localhost", "-SecurityTypes", "VncAuth"]
+    with real.running([*args, "-PasswordFile", str(tmp_path / "passwd"), "-geometry", "320x200"], port):
+        yield port, password
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+async def test_the_relay_answers_vnc_authentication_as_a_real_server_expects(password_xvnc, accepted):
+    port, password = password_xvnc
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def send(data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
+
+    try:
+        attempt = password if accepted else "nope"
+        handshake = vnc_authenticate(RfbReader(lambda: reader.read(65536)), send, attempt)
+        if accepted:
+            await handshake
+            await send(b"\x01")  # ClientInit: the server now shows its screen
+            width, height = struct.unpack(">HH", await reader.readexactly(4))
+            assert (width, height) == (320, 200)
+        else:
+            with pytest.raises(ConsoleRefused, match=r"(?i)authentication"):
+                await handshake
+    finally:
+        writer.close()
