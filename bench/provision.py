@@ -11,44 +11,19 @@ Then prints the memory of one idle desktop. Destroys everything it made.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
+import requests
 
-import django  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-django.setup()
-
-import requests  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-
-from bench.provision_driver import memory_of  # noqa: E402
-from bench.stats import summary  # noqa: E402
-from desktops import services  # noqa: E402
-from desktops.audit import Actor  # noqa: E402
-from lebureau.celery import app as celery_app  # noqa: E402
-from tests.support.services import free_port, port_open, service_process  # noqa: E402
-
-BENCH_LXC = {
-    "COMPUTE_DRIVER": "lxc",
-    "LXC_STATE_DIR": "/var/lib/lebureau/bench-api/desktops",
-    "LXC_PATH": "/var/lib/lebureau/bench-api/lxc",
-    "LXC_BRIDGE": "lbbench1",
-    "LXC_SUBNET": "10.217.0.0/24",
-    "LXC_NFT_TABLE": "lebureau_bench_api",
-    "LXC_VETH_PREFIX": "lbp",
-}
-BROKER = "redis://127.0.0.1:6379/13"
+from bench.provision_driver import memory_of
+from bench.stack import control_plane
+from bench.stats import summary
 
 
 def vnc_answers(ip: str) -> bool:
@@ -99,59 +74,13 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=10)
     parser.add_argument("--idle-wait", type=float, default=20, help="seconds to let a desktop settle")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("run as root: the LXC engine mounts disks and starts containers")
-
-    clear_leftovers()
-    run = uuid.uuid4().hex[:8]
-    queue = f"bench-{run}"
-    user = get_user_model().objects.create_user(f"bench-{run}", f"bench-{run}@example.com", None)
-    workspace = services.workspace_create(user=user, name="provisioning bench")
-    actor = Actor(user=user)
-    _, key = services.api_key_create(actor=actor, workspace_id=workspace.id, name="bench", scope="write")
-    logs = Path(tempfile.mkdtemp(prefix="bench-provision-"))
-    port = free_port()
-    env = {**os.environ, **BENCH_LXC, "CELERY_BROKER_URL": BROKER, "CELERY_QUEUE": queue}
-    celery_app.conf.broker_url = BROKER
-    worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", queue, "-l", "INFO"]
-    web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
-    bench = Bench(f"http://127.0.0.1:{port}", key)
-    try:
-        with (
-            service_process("worker", [*worker, "-c", str(args.concurrent)], env, logs, worker_answers),
-            service_process("daphne", web, env, logs, lambda: port_open(port)),
-        ):
-            try:
-                figures = measure(bench, args)
-            finally:
-                bench.destroy_all()
-    finally:
-        workspace.delete()
-        user.delete()
-        for family in ("inet", "bridge"):
-            subprocess.run(
-                ["nft", "delete", "table", family, BENCH_LXC["LXC_NFT_TABLE"]], capture_output=True
-            )
-        subprocess.run(["ip", "link", "del", BENCH_LXC["LXC_BRIDGE"]], capture_output=True)
+    with control_plane("provision", concurrency=args.concurrent) as stack:
+        bench = Bench(stack.base, stack.key)
+        try:
+            figures = measure(bench, args)
+        finally:
+            bench.destroy_all()
     report(args, *figures)
-
-
-def clear_leftovers() -> None:
-    """Desktops an interrupted earlier run left on the bench's engine would skew its figures."""
-    from django.test import override_settings
-
-    from workers.drivers.lxc import LxcDriver
-
-    with override_settings(**{k: v for k, v in BENCH_LXC.items() if k.startswith("LXC_")}):
-        driver = LxcDriver.from_settings()
-        for key in {i.key for i in driver.list_instances()} | {
-            p.parent.name for p in driver.state_dir.glob("*/meta.json")
-        }:
-            driver.destroy(key)
-
-
-def worker_answers() -> bool:
-    return bool(celery_app.control.ping(timeout=0.5))
 
 
 def measure(bench: Bench, args) -> tuple[list[float], list[float], float, dict[str, float]]:

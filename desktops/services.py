@@ -19,6 +19,7 @@ from desktops.errors import Conflict, Invalid, NotFound
 from desktops.events import AccessChanged, publish_access_change
 from desktops.lifecycle import TRANSITIONS, transition
 from desktops.models import (
+    DEFAULT_AGENT_COMMAND,
     ApiKey,
     ChatMessage,
     Desktop,
@@ -74,6 +75,30 @@ def workspace_rename(*, actor: Actor, workspace_id: str, name: str) -> Workspace
     workspace.name = name
     _validated(workspace).save(update_fields=["name"])
     audit_record(actor=actor, action="workspace.rename", workspace_id=workspace.id, target=workspace.id)
+    return workspace
+
+
+def workspace_agent_command_set(*, actor: Actor, workspace_id: str, command: str) -> Workspace:
+    """The command each chat message runs in the workspace's desktops; blank restores the default."""
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    command = command.strip() or DEFAULT_AGENT_COMMAND
+    try:
+        command.format(session="s", message="m")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise Invalid(
+            "Only {session} and {message} may be filled in (write {{ and }} for braces).",
+            fields={"agentCommand": [f"Cannot fill in: {exc}"]},
+        ) from exc
+    if "{message}" not in command:
+        raise Invalid(
+            "The command must take the message: put {message} in it.",
+            fields={"agentCommand": ["No {message}."]},
+        )
+    workspace.agent_command = command
+    _validated(workspace).save(update_fields=["agent_command"])
+    audit_record(
+        actor=actor, action="workspace.agent_command", workspace_id=workspace.id, target=workspace.id
+    )
     return workspace
 
 

@@ -52,6 +52,10 @@ class RenameForm(forms.Form):
     name = forms.CharField(max_length=100)
 
 
+class AgentCommandForm(forms.Form):
+    command = forms.CharField(max_length=500, required=False)
+
+
 class InviteForm(forms.Form):
     email = forms.EmailField()
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)

@@ -280,6 +280,13 @@ workspace_rename = _settings_post(
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
     "Workspace renamed.",
 )
+agent_command_set = _settings_post(
+    forms.AgentCommandForm,
+    lambda r, d: services.workspace_agent_command_set(
+        actor=r.actor, workspace_id=r.workspace.id, command=d["command"]
+    ),
+    "Agent command saved.",
+)
 member_invite = _settings_post(
     forms.InviteForm,
     lambda r, d: services.member_invite(actor=r.actor, workspace_id=r.workspace.id, **d),

@@ -16,8 +16,9 @@ from lebureau.celery import app as celery_app
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
+from tests.support.scripted_model import ScriptedModelServer
 from tests.support.services import free_port, port_open, service_process
-from workers.drivers import get_driver
+from workers.drivers import get_driver, lxc_net
 
 TEST_DRIVER = "tests.support.directory_driver.DirectoryDriver"
 # A Redis database of its own, so a developer's running worker never takes the suite's tasks.
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LXC_IMAGE = Path("/var/lib/lebureau/images/minimal/current/image.json")
 # Where the scripted model server listens, on the test bridge's host address.
 SCRIPTED_MODEL_PORT = 18431
+FULL_IMAGE = Path("/var/lib/lebureau/images/full/current/image.json")
 LXC_TEST_SETTINGS = {
     "LXC_STATE_DIR": "/var/lib/lebureau/test-api/desktops",
     "LXC_PATH": "/var/lib/lebureau/test-api/lxc",
@@ -37,6 +39,17 @@ LXC_TEST_SETTINGS = {
     "LXC_NFT_TABLE": "lebureau_api",
     "LXC_VETH_PREFIX": "lba",
 }
+
+SCRIPTED_MODEL_HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])
+SCRIPTED_MODEL_URL = f"http://{SCRIPTED_MODEL_HOST}:{SCRIPTED_MODEL_PORT}/v1"
+
+
+@pytest.fixture
+def scripted_model(lxc_test_engine):
+    """The stand-in for an LLM, on the desktops' bridge (brought up now rather than with a first desktop)."""
+    lxc_net.ensure_bridge(LXC_TEST_SETTINGS["LXC_BRIDGE"], LXC_TEST_SETTINGS["LXC_SUBNET"])
+    with ScriptedModelServer(SCRIPTED_MODEL_HOST, SCRIPTED_MODEL_PORT) as server:
+        yield server.model
 
 
 @pytest.fixture(scope="session")

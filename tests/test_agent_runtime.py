@@ -17,30 +17,19 @@ from celery.signals import before_task_publish
 
 from desktops.models import AuditEvent, ChatMessage, Role
 from lebureau.celery import app as celery_app
-from tests.conftest import LXC_TEST_SETTINGS, SCRIPTED_MODEL_PORT, TEST_BROKER, TEST_QUEUE, service_env
+from tests.conftest import FULL_IMAGE, TEST_BROKER, TEST_QUEUE, service_env
+from tests.support.desktops import add_scripted_model_key as add_key
 from tests.support.desktops import provision, run
-from tests.support.scripted_model import ScriptedModelServer, Text, ToolCall
+from tests.support.scripted_model import Text, ToolCall
 from tests.support.services import service_process
-from workers.drivers import lxc_net
 
-FULL_IMAGE = Path("/var/lib/lebureau/images/full/current/image.json")
 pytestmark = [
     pytest.mark.lxc,
     pytest.mark.worker,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not FULL_IMAGE.is_file(), reason="no full golden image (make setup builds it)"),
 ]
-HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])
-MODEL_URL = f"http://{HOST}:{SCRIPTED_MODEL_PORT}/v1"
 CONFIG = "~/.openclaw/openclaw.json"
-
-
-@pytest.fixture
-def scripted_model(lxc_test_engine):
-    # It listens on the desktops' bridge, which the engine brings up with its first desktop otherwise.
-    lxc_net.ensure_bridge(LXC_TEST_SETTINGS["LXC_BRIDGE"], LXC_TEST_SETTINGS["LXC_SUBNET"])
-    with ScriptedModelServer(HOST, SCRIPTED_MODEL_PORT) as server:
-        yield server.model
 
 
 @pytest.fixture
@@ -61,20 +50,6 @@ def published():
     before_task_publish.connect(record, weak=False)
     yield sent
     before_task_publish.disconnect(record)
-
-
-def add_key(api, workspace, secret: str) -> dict:
-    body = {
-        "workspaceId": workspace.id,
-        "provider": "openai_compatible",
-        "name": "scripted",
-        "baseUrl": MODEL_URL,
-        "model": "scripted",
-        "secret": secret,
-    }
-    response = api.post("/api/llm-keys", body, format="json")
-    assert response.status_code == 201, response.content
-    return response.json()
 
 
 def wait_for_config(desktop, *, containing: str = "", absent: str = "", timeout: float = 30) -> str:

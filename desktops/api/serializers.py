@@ -64,7 +64,18 @@ class DesktopEventSerializer(serializers.ModelSerializer):
 class WorkspaceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["id", "name", "created_at"]
+        fields = ["id", "name", "agent_command", "created_at"]
+        read_only_fields = ["agent_command"]
+
+
+class WorkspaceUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False)
+    agent_command = serializers.CharField(
+        max_length=500,
+        required=False,
+        allow_blank=True,
+        help_text="Run in a desktop per chat message; {session} and {message} are filled in. Blank: default.",
+    )
 
 
 class AgentUsageSerializer(serializers.Serializer):

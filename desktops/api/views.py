@@ -182,10 +182,16 @@ class WorkspaceViewSet(ApiViewSet):
     def retrieve(self, request, pk):
         return Response(s.WorkspaceSerializer(self.workspace(pk)).data)
 
+    @extend_schema(request=s.WorkspaceUpdateSerializer)
     def partial_update(self, request, pk):
-        data = self.valid(s.WorkspaceSerializer, request.data)
-        self.workspace(pk)
-        workspace = services.workspace_rename(actor=self.actor, workspace_id=pk, name=data["name"])
+        data = self.valid(s.WorkspaceUpdateSerializer, request.data)
+        workspace = self.workspace(pk)
+        if "name" in data:
+            workspace = services.workspace_rename(actor=self.actor, workspace_id=pk, name=data["name"])
+        if "agent_command" in data:
+            workspace = services.workspace_agent_command_set(
+                actor=self.actor, workspace_id=pk, command=data["agent_command"]
+            )
         return Response(s.WorkspaceSerializer(workspace).data)
 
     def destroy(self, request, pk):

@@ -204,7 +204,71 @@ def test_llm_openai_compatible_needs_base_url(owner, workspace):
     assert response.status_code == 400 and "baseUrl" in response.json()["error"]["fields"]
 
 
+def test_llm_openai_compatible_needs_a_model(owner, workspace):
+    body = {
+        "workspaceId": workspace.id,
+        "provider": "openai_compatible",
+        "name": "local",
+        "baseUrl": "http://10.0.0.5:8080/v1",
+        "secret": "sk-12345678",
+    }
+    response = client_for(owner).post("/api/llm-keys", body, format="json")
+    assert response.status_code == 400 and "model" in response.json()["error"]["fields"]
+    assert not LLMKey.objects.exists()
+
+
+def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
+    from desktops.agent_config import GATEWAY_PORT, gateway_token, openclaw_config
+
+    client = client_for(owner)
+    for provider, name, extra in (
+        ("anthropic", "claude", {}),
+        ("openrouter", "router", {"model": "meta/llama-4"}),
+        ("openai_compatible", "vllm", {"baseUrl": "http://10.0.0.5:8080/v1", "model": "qwen3"}),
+    ):
+        body = {
+            "workspaceId": workspace.id,
+            "provider": provider,
+            "name": name,
+            "secret": f"sk-{name}-123456",
+            **extra,
+        }
+        assert client.post("/api/llm-keys", body, format="json").status_code == 201
+    keys = list(LLMKey.objects.order_by("-created_at"))
+    config = openclaw_config(desktop_id="dsk_abc", keys=keys)
+
+    providers = config["models"]["providers"]
+    vllm, router, claude = (providers[k.id.replace("_", "-")] for k in keys)
+    assert vllm == {
+        "baseUrl": "http://10.0.0.5:8080/v1",
+        "apiKey": "sk-vllm-123456",
+        "api": "openai-completions",
+        "models": [{"id": "qwen3", "name": "qwen3", "compat": {"supportsUsageInStreaming": True}}],
+    }
+    assert router["baseUrl"] == "https://openrouter.ai/api/v1" and router["models"][0]["id"] == "meta/llama-4"
+    assert claude["api"] == "anthropic-messages" and claude["models"][0]["id"] == "claude-sonnet-4-5"
+    model = config["agents"]["defaults"]["model"]
+    assert model["primary"].endswith("/qwen3") and len(model["fallbacks"]) == 2
+    gateway = config["gateway"]
+    assert gateway["port"] == GATEWAY_PORT and gateway["bind"] == "loopback"
+    # Stable per desktop, different between desktops.
+    assert gateway["auth"]["token"] == gateway_token("dsk_abc") != gateway_token("dsk_xyz")
+    assert "agents" not in openclaw_config(desktop_id="dsk_abc", keys=[])
+
+
 # Workspaces and members
+
+
+def test_the_agent_command_takes_the_message_and_nothing_unknown(owner, workspace):
+    client = client_for(owner)
+    url = f"/api/workspaces/{workspace.id}"
+    for bad in ("my-agent --task", "my-agent {message} {model}", "my-agent {message"):
+        response = client.patch(url, {"agentCommand": bad}, format="json")
+        assert response.status_code == 400 and "agentCommand" in response.json()["error"]["fields"], bad
+    good = "crew run --id {session} -- {message}"
+    assert client.patch(url, {"agentCommand": good}, format="json").json()["agentCommand"] == good
+    reset = client.patch(url, {"agentCommand": ""}, format="json").json()
+    assert reset["agentCommand"].startswith("bureau openclaw") and reset["name"] == workspace.name
 
 
 def test_last_owner_cannot_be_demoted_or_removed(owner, workspace):

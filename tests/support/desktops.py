@@ -41,3 +41,20 @@ def run(desktop: Desktop, command: str, user: str = "agent") -> str:
         status = out.channel.recv_exit_status()
         assert status == 0, err.read().decode()
         return out.read().decode()
+
+
+def add_scripted_model_key(api, workspace, secret: str) -> dict:
+    """Give the workspace a key to the scripted model server (`scripted_model` fixture)."""
+    from tests.conftest import SCRIPTED_MODEL_URL
+
+    body = {
+        "workspaceId": workspace.id,
+        "provider": "openai_compatible",
+        "name": "scripted",
+        "baseUrl": SCRIPTED_MODEL_URL,
+        "model": "scripted",
+        "secret": secret,
+    }
+    response = api.post("/api/llm-keys", body, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()

@@ -1,0 +1,98 @@
+"""The control plane a bench runs against: its own daphne and Celery worker on the development
+database (`make setup`), a throwaway user, workspace and API key, and an LXC network of its own.
+Everything it made is removed afterwards, desktops included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
+django.setup()
+
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.test import override_settings  # noqa: E402
+
+from desktops import services  # noqa: E402
+from desktops.audit import Actor  # noqa: E402
+from lebureau.celery import app as celery_app  # noqa: E402
+from tests.support.services import free_port, port_open, service_process  # noqa: E402
+from workers.drivers.lxc import LxcDriver  # noqa: E402
+
+BENCH_LXC = {
+    "COMPUTE_DRIVER": "lxc",
+    "LXC_STATE_DIR": "/var/lib/lebureau/bench-api/desktops",
+    "LXC_PATH": "/var/lib/lebureau/bench-api/lxc",
+    "LXC_BRIDGE": "lbbench1",
+    "LXC_SUBNET": "10.217.0.0/24",
+    "LXC_NFT_TABLE": "lebureau_bench_api",
+    "LXC_VETH_PREFIX": "lbp",
+}
+BROKER = "redis://127.0.0.1:6379/13"
+
+
+@dataclass
+class Stack:
+    base: str
+    key: str
+    user: object
+    workspace: object
+
+
+@contextmanager
+def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = None):
+    """Run daphne + a worker for the bench `name`; yields a `Stack`."""
+    if os.geteuid() != 0:
+        sys.exit("run as root: the LXC engine mounts disks and starts containers")
+    clear_leftovers()
+    run = uuid.uuid4().hex[:8]
+    queue = f"bench-{run}"
+    user = get_user_model().objects.create_user(f"bench-{run}", f"bench-{run}@example.com", None)
+    workspace = services.workspace_create(user=user, name=f"{name} bench")
+    actor = Actor(user=user)
+    _, key = services.api_key_create(actor=actor, workspace_id=workspace.id, name="bench", scope="write")
+    logs = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    port = free_port()
+    env = {**os.environ, **BENCH_LXC, "CELERY_BROKER_URL": BROKER, "CELERY_QUEUE": queue, **(env or {})}
+    celery_app.conf.broker_url = BROKER
+    celery_app.conf.task_default_queue = queue
+    worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", queue, "-l", "INFO"]
+    web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
+    try:
+        with (
+            service_process("worker", [*worker, "-c", str(concurrency)], env, logs, worker_answers),
+            service_process("daphne", web, env, logs, lambda: port_open(port)),
+        ):
+            try:
+                yield Stack(f"http://127.0.0.1:{port}", key, user, workspace)
+            finally:
+                clear_leftovers()
+    finally:
+        workspace.delete()
+        user.delete()
+        for family in ("inet", "bridge"):
+            table = BENCH_LXC["LXC_NFT_TABLE"]
+            subprocess.run(["nft", "delete", "table", family, table], capture_output=True)
+        subprocess.run(["ip", "link", "del", BENCH_LXC["LXC_BRIDGE"]], capture_output=True)
+
+
+def clear_leftovers() -> None:
+    """Desktops left on the bench's engine (by an interrupted run, or this one) would skew the figures."""
+    with override_settings(**{k: v for k, v in BENCH_LXC.items() if k.startswith("LXC_")}):
+        driver = LxcDriver.from_settings()
+        for key in {i.key for i in driver.list_instances()} | {
+            p.parent.name for p in driver.state_dir.glob("*/meta.json")
+        }:
+            driver.destroy(key)
+
+
+def worker_answers() -> bool:
+    return bool(celery_app.control.ping(timeout=0.5))

@@ -1,0 +1,45 @@
+"""The bridge's bookkeeping in PostgreSQL: one turn per desktop, in order, and orphans handed on."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from desktops import chat, services
+from desktops.audit import Actor
+from desktops.models import ChatMessage, Role
+from tests.factories import DesktopFactory
+
+
+def send(members, desktop, text: str) -> ChatMessage:
+    return services.chat_send(actor=Actor(user=members[Role.MEMBER].user), desktop=desktop, message=text)
+
+
+def test_a_desktop_runs_one_turn_at_a_time_oldest_first(members, workspace):
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    other = DesktopFactory(workspace=workspace, state="running")
+    first, second = send(members, desktop, "un"), send(members, desktop, "deux")
+    elsewhere = send(members, other, "ailleurs")
+
+    assert chat.chat_claim_next(desktop_id=desktop.id) == first
+    assert chat.chat_claim_next(desktop_id=desktop.id) is None  # `first` is running
+    assert chat.chat_claim_next(desktop_id=other.id) == elsewhere  # desktops do not wait for each other
+    assert ChatMessage.objects.get(id=second.id).status == "queued"
+
+    ChatMessage.objects.filter(id=first.id).update(status="done")
+    assert chat.chat_claim_next(desktop_id=desktop.id) == second
+
+
+def test_orphaned_turns_and_stalled_queues_are_handed_on_once(members, workspace, settings):
+    settings.CHAT_STALE_AFTER = 60
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    stalled = DesktopFactory(workspace=workspace, state="running")
+    orphan = send(members, desktop, "longue tâche")
+    chat.chat_claim_next(desktop_id=desktop.id)
+    waiting = send(members, stalled, "oubliée")
+    long_ago = timezone.now() - timedelta(minutes=5)
+    ChatMessage.objects.filter(id=orphan.id).update(heartbeat_at=long_ago)
+    ChatMessage.objects.filter(id=waiting.id).update(created_at=long_ago)
+
+    assert chat.chat_resume() == ([orphan.id], [stalled.id])
+    # The orphan's heartbeat now belongs to its new follower: a second sweep leaves it alone.
+    assert chat.chat_resume() == ([], [stalled.id])
