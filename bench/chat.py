@@ -13,6 +13,7 @@ just started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -47,6 +48,11 @@ class Stream(threading.Thread):
         self.done: dict[str, float] = {}
 
     def run(self) -> None:
+        # The stream breaks when the bench's daphne stops: the bench is over then.
+        with contextlib.suppress(requests.RequestException):
+            self._read()
+
+    def _read(self) -> None:
         event = ""
         for line in self.response.iter_lines(decode_unicode=True):
             if line.startswith("event:"):
