@@ -100,25 +100,36 @@ class RfbReader:
         return size
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 async def measure(
     reader: RfbReader, send, updates: int, pings: int, encoding: int
-) -> tuple[float, list[float]]:
+) -> tuple[float, list[float], float]:
     await reader.handshake(send, encoding)
     await send(update_request(0, WIDTH, HEIGHT))
     await reader.update()  # warm-up
     # Request, then read the whole update, as a viewer does (a server merges outstanding requests).
-    start, total = time.perf_counter(), 0
+    start, total, (busy0, all0) = time.perf_counter(), 0, cpu_ticks()
     for _ in range(updates):
         await send(update_request(0, WIDTH, HEIGHT))
         total += await reader.update()
     throughput = total / (time.perf_counter() - start)
+    busy1, all1 = cpu_ticks()
+    # How much of the machine (all cores) the stream kept busy: near 100% means CPU-bound.
+    cpu_busy = (busy1 - busy0) / max(1, all1 - all0)
     rtts = []
     for _ in range(pings):
         t0 = time.perf_counter()
         await send(update_request(0, 1, 1))
         await reader.update()
         rtts.append((time.perf_counter() - t0) * 1000)
-    return throughput, rtts
+    return throughput, rtts, cpu_busy
 
 
 async def direct(port: int, updates: int, pings: int, encoding: int):
@@ -246,11 +257,15 @@ def main() -> None:
         user.delete()
 
     mib = 1024 * 1024
-    for name, ((d_tp, _), (r_tp, _)) in runs.items():
+    cores = os.cpu_count()
+    for name, ((d_tp, _, d_cpu), (r_tp, _, r_cpu)) in runs.items():
         print(f"VNC full-screen {name} updates ({WIDTH}x{HEIGHT}, 32 bpp, {args.updates} updates)")
-        print(f"  direct TCP : {d_tp / mib:8.1f} MiB/s")
-        print(f"  via relay  : {r_tp / mib:8.1f} MiB/s  ({100 * r_tp / d_tp:.0f}% of direct; target >= 80%)")
-    (_, d_rtt), (_, r_rtt) = runs["Raw"]
+        print(f"  direct TCP : {d_tp / mib:8.1f} MiB/s   all {cores} cores {100 * d_cpu:3.0f}% busy")
+        print(
+            f"  via relay  : {r_tp / mib:8.1f} MiB/s   all {cores} cores {100 * r_cpu:3.0f}% busy"
+            f"  ({100 * r_tp / d_tp:.0f}% of direct; target >= 80%)"
+        )
+    (_, d_rtt, _), (_, r_rtt, _) = runs["Raw"]
     print(f"Small request round trip ({args.pings} x 1x1 update)")
     print(f"  direct TCP : p50 {statistics.median(d_rtt):.3f} ms  p99 {percentile(d_rtt, 0.99):.3f} ms")
     print(f"  via relay  : p50 {statistics.median(r_rtt):.3f} ms  p99 {percentile(r_rtt, 0.99):.3f} ms")

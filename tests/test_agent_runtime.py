@@ -104,6 +104,8 @@ def test_keys_reach_the_agent_and_nowhere_else(
     assert [r["headers"]["authorization"] for r in scripted_model.requests] == [f"Bearer {secret}"] * 2
 
     # What the turn cost, as the runtime reported it: two model calls of 120 + 30 tokens.
+    conversation = lxc_api.get(f"/api/desktops/{desktop.id}/chat").json()["results"]
+    assert conversation[-1]["inputTokens"] == 240 and conversation[-1]["modelRequests"] == 2
     usage = lxc_api.get(f"/api/desktops/{desktop.id}/usage").json()
     assert usage == {"inputTokens": 240, "outputTokens": 60, "requests": 2, "turns": 1}
     total = lxc_api.get(f"/api/workspaces/{workspace.id}/usage").json()

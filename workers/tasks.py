@@ -90,7 +90,10 @@ def workspace_agent_configure(*, workspace_id: str) -> None:
         agent_configure.delay(desktop_id=desktop_id)
 
 
-@app.task(name="workers.tasks.chat_deliver", acks_late=True)
+# Chat tasks are acknowledged on receipt, not late: a turn may outlast the broker's visibility
+# timeout, and a redelivered copy would follow the same turn twice. A worker that dies with one
+# loses nothing: `chat_resume` finds the turn by its stale heartbeat, or the queue that stalled.
+@app.task(name="workers.tasks.chat_deliver")
 def chat_deliver(*, desktop_id: str) -> None:
     """Start the desktop's next queued agent turn, if it is idle, and follow it."""
     reply = chat.chat_claim_next(desktop_id=desktop_id)
@@ -99,7 +102,7 @@ def chat_deliver(*, desktop_id: str) -> None:
 
 
 # A turn may run for hours; its worker keeps the task until the agent is done.
-@app.task(name="workers.tasks.chat_follow", acks_late=True, soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60)
+@app.task(name="workers.tasks.chat_follow", soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60)
 def chat_follow(*, message_id: str) -> None:
     desktop_id = chat.chat_follow(message_id=message_id)
     if desktop_id:

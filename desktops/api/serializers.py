@@ -211,4 +211,15 @@ class ChatMessageSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ChatMessage
-        fields = ["id", "author", "content", "status", "reply_to", "created_at", "completed_at"]
+        fields = [
+            "id",
+            "author",
+            "content",
+            "status",
+            "reply_to",
+            "created_at",
+            "completed_at",
+            "input_tokens",
+            "output_tokens",
+            "model_requests",
+        ]
