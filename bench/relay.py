@@ -67,6 +67,18 @@ class RfbReader:
         del self.buffer[:n]
         return data
 
+    async def skip(self, n: int) -> None:
+        """Consume n bytes of pixel data without keeping them: chunks wholly inside are never copied."""
+        taken = min(n, len(self.buffer))
+        del self.buffer[:taken]
+        n -= taken
+        while n:
+            chunk = await self.recv()
+            if len(chunk) > n:
+                self.buffer += memoryview(chunk)[n:]
+                return
+            n -= len(chunk)
+
     async def handshake(self, send, encoding: int) -> None:
         await self.exactly(12)
         await send(b"RFB 003.008\n")
@@ -95,7 +107,7 @@ class RfbReader:
             _, _, w, h, encoding = struct.unpack(">HHHHi", await self.exactly(12))
             # A ZRLE rectangle is its compressed length, then that many bytes.
             length = w * h * 4 if encoding == RAW else struct.unpack(">I", await self.exactly(4))[0] + 4
-            await self.exactly(length - 4 if encoding == ZRLE else length)
+            await self.skip(length - 4 if encoding == ZRLE else length)
             size += 12 + length
         return size
 
