@@ -7,8 +7,8 @@ OpenAI-compatible model server on the host (no LLM is reachable here; it answers
 one desktop of the full image (real OpenClaw, its gateway kept warm), then times each
 `POST /api/desktops/{id}/chat` to the first streamed piece of the answer and to the complete
 answer, both as they arrive on the workspace's server-sent event stream, the one the page reads.
-The first message of a new desktop is reported on its own: it meets a gateway that has only
-just started.
+How long the gateway takes to come up in a new desktop, and the first message it then answers
+(OpenClaw loads most of itself on its first turn), are reported on their own.
 """
 
 from __future__ import annotations
@@ -84,6 +84,20 @@ def turn(http: requests.Session, base: str, desktop_id: str, stream: Stream) -> 
     return first - start, stream.done[message_id] - start
 
 
+def gateway_up(desktop_id: str) -> float:
+    """When OpenClaw's gateway in the desktop accepts connections (checked from inside, over SSH)."""
+    from desktops.models import Desktop
+    from workers.ssh import desktop_ssh_connect
+
+    desktop = Desktop.objects.get(id=desktop_id)
+    with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
+        while True:
+            _, out, _ = ssh.exec_command("bash -c '</dev/tcp/127.0.0.1/18789' 2>/dev/null && echo up")
+            if out.read().strip() == b"up":
+                return time.perf_counter()
+            time.sleep(0.25)
+
+
 def session_of(user) -> str:
     from django.test import Client
 
@@ -124,9 +138,12 @@ def main() -> None:
                 if state == "error":
                     raise RuntimeError("the desktop did not start")
                 time.sleep(0.2)
-            print(f"desktop running after {time.perf_counter() - booted:.1f} s", flush=True)
+            running = time.perf_counter()
+            print(f"desktop running after {running - booted:.1f} s", flush=True)
             stream = Stream(stack.base, stack.workspace.id, session_of(stack.user))
             stream.start()
+            gateway = gateway_up(desktop_id) - running
+            print(f"its agent gateway listening {gateway:.1f} s later", flush=True)
             cold = turn(http, stack.base, desktop_id, stream)
             print(f"first message: first piece {cold[0]:.2f} s, complete {cold[1]:.2f} s", flush=True)
             warm = []
@@ -137,7 +154,8 @@ def main() -> None:
     print()
     print("POST /api/desktops/{id}/chat -> answer on the page's event stream (full image, real OpenClaw,")
     print("scripted model answering at once)")
-    print(f"{'first message of a new desktop':<34} first piece {cold[0]:.2f} s, complete {cold[1]:.2f} s")
+    print(f"{'gateway up after desktop running':<34} {gateway:.2f} s (Node.js starting OpenClaw)")
+    print(f"{'first message, gateway just up':<34} first piece {cold[0]:.2f} s, complete {cold[1]:.2f} s")
     print(summary("first piece (target <= 2 s)", [f for f, _ in warm]))
     print(summary("complete answer", [c for _, c in warm]))
 
