@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import posixpath
+import uuid
 
+from django.db import transaction
 from django.utils.crypto import salted_hmac
 
 from desktops import crypto
@@ -80,20 +82,29 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
 
 def desktop_agent_configure(*, desktop_id: str) -> bool:
     """Write the agent runtime's configuration into a running desktop; False when it is not running."""
-    desktop = Desktop.objects.filter(id=desktop_id, state=DesktopState.RUNNING).first()
-    if desktop is None:
-        return False
-    keys = list(LLMKey.objects.filter(workspace_id=desktop.workspace_id).order_by("-created_at"))
-    content = json.dumps(openclaw_config(desktop_id=desktop.id, keys=keys), indent=2).encode()
+    # One writer per desktop at a time, reading the keys only once it holds the lock: a rewrite
+    # that started before a key was removed can then never land after the one that removes it.
+    with transaction.atomic():
+        desktop = (
+            Desktop.objects.select_for_update().filter(id=desktop_id, state=DesktopState.RUNNING).first()
+        )
+        if desktop is None:
+            return False
+        keys = list(LLMKey.objects.filter(workspace_id=desktop.workspace_id).order_by("-created_at"))
+        content = json.dumps(openclaw_config(desktop_id=desktop.id, keys=keys), indent=2).encode()
+        _write_config(desktop, content)
+    return True
+
+
+def _write_config(desktop: Desktop, content: bytes) -> None:
     with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh, ssh.open_sftp() as sftp:
         if CONFIG_DIR not in sftp.listdir("."):
             sftp.mkdir(CONFIG_DIR, mode=0o700)
         sftp.chmod(CONFIG_DIR, 0o700)
         path = posixpath.join(CONFIG_DIR, CONFIG_FILE)
-        partial = f"{path}.partial"
+        partial = f"{path}.{uuid.uuid4().hex}.partial"
         with sftp.open(partial, "w") as f:
             f.chmod(0o600)  # before a byte of it is written
             f.write(content)
         # One rename, so the runtime (which watches the file) never reads half of it.
         sftp.posix_rename(partial, path)
-    return True

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import select
 import shlex
 import time
+import uuid
 from datetime import timedelta
 
 import paramiko
@@ -27,14 +29,27 @@ from desktops.events import ChatUpdated, publish_chat_update
 from desktops.models import ChatMessage, Desktop, DesktopState
 from workers.ssh import desktop_ssh_connect
 
+logger = logging.getLogger(__name__)
 Status = ChatMessage.Status
 # Shells answer 127 for a command they cannot find; `bureau chat run` 125 for a turn that vanished.
 NOT_FOUND = 127
 LOST = 125
-# How often the follower saves what it has (and shows it alive), at most.
+# How often the follower saves what it has, at most.
 FLUSH_SECONDS = 0.2
-HEARTBEAT_SECONDS = 5.0
 RUNS_DIR = ".local/state/bureau/chat"
+
+
+class Superseded(Exception):
+    """Another follower has taken the turn over (this one was thought dead): stop writing."""
+
+
+class TurnTimeout(Exception):
+    """The turn has run for longer than CHAT_TURN_TIMEOUT since its message was sent."""
+
+
+def heartbeat_seconds() -> float:
+    # Well inside the staleness limit, so a live follower is never taken for a dead one.
+    return min(5.0, settings.CHAT_STALE_AFTER / 3)
 
 
 def agent_command(template: str, *, session: str, message: str) -> str:
@@ -55,25 +70,28 @@ def chat_claim_next(*, desktop_id: str) -> ChatMessage | None:
         reply = queued.order_by("created_at").first()
         if reply is None:
             return None
-        reply.status, reply.heartbeat_at = Status.RUNNING, timezone.now()
-        reply.save(update_fields=["status", "heartbeat_at"])
+        reply.status, reply.heartbeat_at, reply.follower = Status.RUNNING, timezone.now(), uuid.uuid4()
+        reply.save(update_fields=["status", "heartbeat_at", "follower"])
         _publish(reply, at=0, text="")
     return reply
 
 
-def chat_resume() -> tuple[list[str], list[str]]:
+def chat_resume() -> tuple[list[tuple[str, str]], list[str]]:
     """Turns nobody follows any more (their worker died) and desktops whose queue stalled.
 
-    Returns the replies now handed to the caller to follow, and the desktops to start a turn on.
+    Returns the (reply, new follower token) pairs now handed on, and the desktops to start a turn on.
     """
     now = timezone.now()
     orphans = []
     for reply_id, beat in ChatMessage.objects.filter(
         status=Status.RUNNING, heartbeat_at__lt=now - timedelta(seconds=settings.CHAT_STALE_AFTER)
     ).values_list("id", "heartbeat_at"):
-        # Conditional on the beat we read: of two resumers, one wins.
-        if ChatMessage.objects.filter(id=reply_id, heartbeat_at=beat).update(heartbeat_at=now):
-            orphans.append(reply_id)
+        follower = uuid.uuid4()
+        # Conditional on the beat we read: of two resumers, one wins; the old follower's token is void.
+        if ChatMessage.objects.filter(id=reply_id, heartbeat_at=beat).update(
+            heartbeat_at=now, follower=follower
+        ):
+            orphans.append((reply_id, str(follower)))
     running = ChatMessage.objects.filter(desktop_id=OuterRef("desktop_id"), status=Status.RUNNING)
     stalled = (
         ChatMessage.objects.filter(
@@ -86,41 +104,70 @@ def chat_resume() -> tuple[list[str], list[str]]:
     return orphans, list(stalled)
 
 
-def chat_follow(*, message_id: str) -> str | None:
+def chat_follow(*, message_id: str, follower: str) -> str | None:
     """Run (or rejoin) a claimed turn and stream its answer; the reply ends `done`, or `error` with why.
 
-    Returns the desktop's id once the turn is over (its next message may start), None if there was none.
+    Returns the desktop's id once the turn is over (its next message may start). None when there was
+    nothing to do, another follower has the turn, or the desktop could not be reached for now (the
+    turn stays `running`, its heartbeat goes stale and `chat_resume` tries again).
     """
-    reply = ChatMessage.objects.select_related("desktop__workspace", "reply_to").filter(id=message_id).first()
-    if reply is None or reply.status != Status.RUNNING:
+    reply = (
+        ChatMessage.objects.select_related("desktop__workspace", "reply_to")
+        .filter(id=message_id, status=Status.RUNNING, follower=follower)
+        .first()
+    )
+    if reply is None:
         return None
-    _run_turn(reply)
-    return reply.desktop_id
+    try:
+        return reply.desktop_id if _run_turn(reply) else None
+    except Superseded:
+        logger.info("turn %s is followed elsewhere now; this follower stops", message_id)
+        return None
 
 
-def _run_turn(reply: ChatMessage) -> None:
+def _run_turn(reply: ChatMessage) -> bool:
+    """Follow the turn to its end; False if the desktop could not be reached (try again later)."""
     desktop = reply.desktop
     if desktop.state != DesktopState.RUNNING:
         _finish(reply, f"The desktop is {desktop.state}: start it, then send the message again.", failed=True)
-        return
+        return True
     template = desktop.workspace.agent_command
     command = agent_command(template, session=desktop.id, message=reply.reply_to.content)
+    deadline = reply.created_at + timedelta(seconds=settings.CHAT_TURN_TIMEOUT)
     answer = _Answer(reply)
+    usage: dict = {}
     try:
         with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
+            ssh.get_transport().set_keepalive(15)  # notice a desktop that vanished mid-turn
             channel = ssh.get_transport().open_session()
             channel.exec_command(f"bureau chat run {shlex.quote(reply.id)} --offset {reply.output_offset}")
             channel.sendall(command.encode())
             channel.shutdown_write()
-            status, errors = _stream(channel, answer)
+            try:
+                status, errors = _stream(channel, answer, deadline)
+            except TurnTimeout:
+                ssh.exec_command(f"bureau chat stop {shlex.quote(reply.id)}")
+                answer.save()
+                _finish(
+                    reply,
+                    f"No answer within {settings.CHAT_TURN_TIMEOUT} s: the agent was stopped.",
+                    failed=True,
+                    answer=answer,
+                )
+                return True
             usage = _usage(ssh, reply.id)
     except (paramiko.SSHException, OSError) as exc:
-        _finish(reply, f"The desktop's agent could not be reached: {exc}", failed=True, answer=answer)
-        return
+        status, errors = -1, str(exc)
     answer.save()
+    if status == -1:  # the connection broke, not the agent
+        if timezone.now() < deadline:
+            logger.warning("lost the desktop of turn %s (%s); it will be picked up again", reply.id, errors)
+            return False
+        _finish(reply, f"The desktop's agent could not be reached: {errors}", failed=True, answer=answer)
+        return True
     if status == 0:
         _finish(reply, answer.text.strip(), failed=False, usage=usage)
-        return
+        return True
     if status == NOT_FOUND:
         program = shlex.split(template)[0]
         detail = errors.strip() or f"`{program}` is not installed there."
@@ -129,24 +176,26 @@ def _run_turn(reply: ChatMessage) -> None:
         why = "The agent stopped without finishing (did the desktop restart?)."
     else:
         why = f"The agent stopped with status {status}: {errors.strip()[-2000:] or 'it gave no reason.'}"
-    _finish(reply, why, failed=True, answer=answer)
+    _finish(reply, why, failed=True, answer=answer, usage=usage)
+    return True
 
 
-def _stream(channel: paramiko.Channel, answer: _Answer) -> tuple[int, str]:
-    """Feed the turn's output to `answer` as it comes; its exit status and error output."""
+def _stream(channel: paramiko.Channel, answer: _Answer, deadline) -> tuple[int, str]:
+    """Feed the turn's output to `answer` as it comes; its exit status (-1: connection lost) and errors."""
     errors = bytearray()
-    deadline = time.monotonic() + settings.CHAT_TURN_TIMEOUT
     while True:
-        while channel.recv_ready():
+        if channel.recv_ready():
             answer.add(channel.recv(65536))
-        while channel.recv_stderr_ready():
+        elif channel.recv_stderr_ready():
             errors += channel.recv_stderr(65536)
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+        # The exit status may come before the last output: done only once the output has ended too.
+        elif (channel.eof_received and channel.status_event.is_set()) or channel.closed:
             break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no answer within {settings.CHAT_TURN_TIMEOUT} s")
-        select.select([channel], [], [], FLUSH_SECONDS)
-        answer.tick()
+        else:
+            if timezone.now() > deadline:
+                raise TurnTimeout
+            select.select([channel], [], [], FLUSH_SECONDS)
+            answer.tick()
     return channel.recv_exit_status(), errors.decode(errors="replace")
 
 
@@ -184,18 +233,16 @@ class _Answer:
 
     def tick(self) -> None:
         now = time.monotonic()
-        if (
-            self._pending and now - self._saved_at >= FLUSH_SECONDS
-        ) or now - self._beat_at >= HEARTBEAT_SECONDS:
+        due = self._pending and now - self._saved_at >= FLUSH_SECONDS
+        if due or now - self._beat_at >= heartbeat_seconds():
             self.save()
 
     def save(self) -> None:
         offset = self.offset - self._undecoded
-        ChatMessage.objects.filter(id=self.reply.id).update(
-            content=self.text, output_offset=offset, heartbeat_at=timezone.now()
-        )
+        if not _mine(self.reply).update(content=self.text, output_offset=offset, heartbeat_at=timezone.now()):
+            raise Superseded
         if self._pending:
-            _publish(self.reply, at=len(self.text) - len(self._pending), text=self._pending)
+            _publish(self.reply, at=_utf16_len(self.text) - _utf16_len(self._pending), text=self._pending)
             self._pending = ""
         self._saved_at = self._beat_at = time.monotonic()
 
@@ -212,7 +259,7 @@ def _finish(
     reply.status = Status.ERROR if failed else Status.DONE
     if failed and answer is not None and answer.text.strip():
         content = f"{answer.text.strip()}\n\n{content}"  # what the agent said before failing is kept
-    ChatMessage.objects.filter(id=reply.id).update(
+    updated = _mine(reply).update(
         content=content,
         status=reply.status,
         completed_at=timezone.now(),
@@ -220,7 +267,19 @@ def _finish(
         output_tokens=_count(usage, "outputTokens"),
         model_requests=_count(usage, "requests"),
     )
+    if not updated:
+        raise Superseded
     _publish(reply, at=0, text=content)
+
+
+def _mine(reply: ChatMessage):
+    """The reply, as long as this follower still holds it."""
+    return ChatMessage.objects.filter(id=reply.id, follower=reply.follower)
+
+
+def _utf16_len(text: str) -> int:
+    """Length as the page's JavaScript counts it, so its pieces line up."""
+    return len(text.encode("utf-16-le")) // 2
 
 
 def _count(usage: dict, name: str) -> int:

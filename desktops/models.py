@@ -23,8 +23,9 @@ class Role(models.TextChoices):
 
 
 # OpenClaw's gateway, kept warm in the desktop, through the guest helper (a cold
-# `openclaw agent --local` per message spends ~15 s starting Node.js).
-DEFAULT_AGENT_COMMAND = "bureau openclaw --session {session} --message {message}"
+# `openclaw agent --local` per message spends ~15 s starting Node.js). `--message=` so that a
+# message starting with "-" is still taken as the message.
+DEFAULT_AGENT_COMMAND = "bureau openclaw --session={session} --message={message}"
 
 
 class Workspace(models.Model):
@@ -279,6 +280,8 @@ class ChatMessage(models.Model):
     output_offset = models.PositiveBigIntegerField(default=0)
     # Set by the worker following the turn; a stale one means nobody is following it.
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Who follows the turn now: a follower whose token was replaced stops writing.
+    follower = models.UUIDField(null=True, blank=True)
     # What the agent's turn cost, as its runtime reported it.
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)

@@ -94,12 +94,30 @@ def workspace_agent_command_set(*, actor: Actor, workspace_id: str, command: str
             "The command must take the message: put {message} in it.",
             fields={"agentCommand": ["No {message}."]},
         )
+    if _placeholder_in_quotes(command):
+        # The message arrives shell-quoted; inside quotes of the template, $(…) in it would run.
+        raise Invalid(
+            "Put {session} and {message} outside quotes: they are quoted for the shell already.",
+            fields={"agentCommand": ["A placeholder inside quotes."]},
+        )
     workspace.agent_command = command
     _validated(workspace).save(update_fields=["agent_command"])
     audit_record(
         actor=actor, action="workspace.agent_command", workspace_id=workspace.id, target=workspace.id
     )
     return workspace
+
+
+def _placeholder_in_quotes(command: str) -> bool:
+    quote = ""
+    for i, char in enumerate(command):
+        if quote and command.startswith(("{message}", "{session}"), i):
+            return True
+        if char == quote:
+            quote = ""
+        elif not quote and char in "'\"":
+            quote = char
+    return False
 
 
 def workspace_delete(*, actor: Actor, workspace_id: str) -> None:

@@ -182,7 +182,7 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
     doomed_ready = lambda: any("doomed@" in n for r in celery_app.control.ping(timeout=0.5) for n in r)  # noqa: E731
     try:
         doomed_args = [*args, "-n", "doomed@%h"]
-        with service_process("doomed-worker", doomed_args, env, basetemp, doomed_ready) as doomed:
+        with service_process("doomed-worker", doomed_args, env, basetemp, doomed_ready):
             first = chat(lxc_api, desktop, "Écris une longue réponse")
             second = chat(lxc_api, desktop, "Et une deuxième")
             deadline = time.monotonic() + 90
@@ -191,7 +191,8 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
                 time.sleep(0.1)
             # One turn at a time: the second message waits its turn.
             assert ChatMessage.objects.get(id=second["id"]).status == "queued"
-            subprocess.run(["kill", "-9", str(doomed.pid)], check=True)
+            # The worker and its pool's processes, all at once, as a machine that loses power would.
+            subprocess.run(["pkill", "-9", "-f", "doomed@%h"], check=True)
             half = ChatMessage.objects.get(id=first["id"])
             assert half.status == "running" and 0 < len(half.content) < len(long_answer)
     finally:

@@ -40,6 +40,12 @@ def test_orphaned_turns_and_stalled_queues_are_handed_on_once(members, workspace
     ChatMessage.objects.filter(id=orphan.id).update(heartbeat_at=long_ago)
     ChatMessage.objects.filter(id=waiting.id).update(created_at=long_ago)
 
-    assert chat.chat_resume() == ([orphan.id], [stalled.id])
-    # The orphan's heartbeat now belongs to its new follower: a second sweep leaves it alone.
+    old_follower = ChatMessage.objects.get(id=orphan.id).follower
+    orphans, stalled_desktops = chat.chat_resume()
+    assert [reply_id for reply_id, _ in orphans] == [orphan.id] and stalled_desktops == [stalled.id]
+    # The turn has a new follower: the old one's token no longer lets it write or finish.
+    new_follower = orphans[0][1]
+    assert str(ChatMessage.objects.get(id=orphan.id).follower) == new_follower != str(old_follower)
+    assert chat.chat_follow(message_id=orphan.id, follower=str(old_follower)) is None
+    # Its heartbeat now belongs to the new follower: a second sweep leaves it alone.
     assert chat.chat_resume() == ([], [stalled.id])

@@ -98,13 +98,13 @@ def chat_deliver(*, desktop_id: str) -> None:
     """Start the desktop's next queued agent turn, if it is idle, and follow it."""
     reply = chat.chat_claim_next(desktop_id=desktop_id)
     if reply is not None:
-        chat_follow.delay(message_id=reply.id)
+        chat_follow.delay(message_id=reply.id, follower=str(reply.follower))
 
 
 # A turn may run for hours; its worker keeps the task until the agent is done.
 @app.task(name="workers.tasks.chat_follow", soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60)
-def chat_follow(*, message_id: str) -> None:
-    desktop_id = chat.chat_follow(message_id=message_id)
+def chat_follow(*, message_id: str, follower: str) -> None:
+    desktop_id = chat.chat_follow(message_id=message_id, follower=follower)
     if desktop_id:
         chat_deliver.delay(desktop_id=desktop_id)  # the next message, if one waits
 
@@ -113,8 +113,8 @@ def chat_follow(*, message_id: str) -> None:
 def chat_resume() -> None:
     """Hand turns whose worker died to a live one, and restart stalled queues."""
     orphans, stalled = chat.chat_resume()
-    for message_id in orphans:
-        chat_follow.delay(message_id=message_id)
+    for message_id, follower in orphans:
+        chat_follow.delay(message_id=message_id, follower=follower)
     for desktop_id in stalled:
         chat_deliver.delay(desktop_id=desktop_id)
 

@@ -1,5 +1,6 @@
 """Thin views: parse input, call a selector or a service, shape the output."""
 
+from django.db import transaction
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -186,12 +187,13 @@ class WorkspaceViewSet(ApiViewSet):
     def partial_update(self, request, pk):
         data = self.valid(s.WorkspaceUpdateSerializer, request.data)
         workspace = self.workspace(pk)
-        if "name" in data:
-            workspace = services.workspace_rename(actor=self.actor, workspace_id=pk, name=data["name"])
-        if "agent_command" in data:
-            workspace = services.workspace_agent_command_set(
-                actor=self.actor, workspace_id=pk, command=data["agent_command"]
-            )
+        with transaction.atomic():  # both changes or neither
+            if "name" in data:
+                workspace = services.workspace_rename(actor=self.actor, workspace_id=pk, name=data["name"])
+            if "agent_command" in data:
+                workspace = services.workspace_agent_command_set(
+                    actor=self.actor, workspace_id=pk, command=data["agent_command"]
+                )
         return Response(s.WorkspaceSerializer(workspace).data)
 
     def destroy(self, request, pk):

@@ -3,7 +3,7 @@
 from django.db import migrations, models
 
 OLD_DEFAULT = "openclaw agent --local --session-id {session} --message {message}"
-NEW_DEFAULT = "bureau openclaw --session {session} --message {message}"
+NEW_DEFAULT = "bureau openclaw --session={session} --message={message}"
 
 
 def to_warm_gateway(apps, schema_editor):
@@ -23,6 +23,11 @@ class Migration(migrations.Migration):
             model_name="chatmessage",
             name="heartbeat_at",
             field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="chatmessage",
+            name="follower",
+            field=models.UUIDField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name="chatmessage",
@@ -53,7 +58,7 @@ class Migration(migrations.Migration):
             model_name="workspace",
             name="agent_command",
             field=models.CharField(
-                default="bureau openclaw --session {session} --message {message}",
+                default="bureau openclaw --session={session} --message={message}",
                 help_text="Run in a desktop for each chat message; {session} and {message} are filled in, quoted.",
                 max_length=500,
             ),

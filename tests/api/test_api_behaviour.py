@@ -262,7 +262,14 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
 def test_the_agent_command_takes_the_message_and_nothing_unknown(owner, workspace):
     client = client_for(owner)
     url = f"/api/workspaces/{workspace.id}"
-    for bad in ("my-agent --task", "my-agent {message} {model}", "my-agent {message"):
+    bad_commands = (
+        "my-agent --task",
+        "my-agent {message} {model}",
+        "my-agent {message",
+        'sh -c "my-agent {message}"',  # $(…) in a message would run inside those quotes
+        "sh -c 'my-agent --id {session}' {message}",
+    )
+    for bad in bad_commands:
         response = client.patch(url, {"agentCommand": bad}, format="json")
         assert response.status_code == 400 and "agentCommand" in response.json()["error"]["fields"], bad
     good = "crew run --id {session} -- {message}"

@@ -181,6 +181,8 @@ document.getElementById("clipboard-form").addEventListener("submit", (event) => 
 
 const chatLog = document.getElementById("chat-log");
 const shown = new Map(); // message id -> { item, content }
+let loads = 0; // the latest conversation fetch; an older one that answers late is dropped
+let held = null; // events that arrive while a fetch is under way, applied on top of it
 
 function render(entry, status) {
   const waiting = status === "queued" || status === "running";
@@ -190,8 +192,12 @@ function render(entry, status) {
 }
 
 async function loadChat() {
+  const load = ++loads;
+  held = held || [];
   try {
-    const page = await api("/chat?pageSize=200");
+    // The newest page: a long conversation's latest messages are the ones that move.
+    const page = await api("/chat?pageSize=200&page=last");
+    if (load !== loads) return;
     shown.clear();
     chatLog.replaceChildren(
       ...page.results.map((m) => {
@@ -206,20 +212,32 @@ async function loadChat() {
     if (!page.results.length) chatLog.innerHTML = '<li class="muted">No message yet.</li>';
     chatLog.scrollTop = chatLog.scrollHeight;
   } catch (error) {
+    if (load !== loads) return;
     const item = document.createElement("li");
     item.className = "error";
     item.textContent = `The conversation could not be loaded (${error.message}).`;
     chatLog.replaceChildren(item);
   }
+  const events = held;
+  held = null;
+  events.forEach(applyChat);
 }
 
 function applyChat(event) {
   if (event.desktop_id !== desktopId) return;
+  if (held) return held.push(event);
   const entry = shown.get(event.message_id);
   const finished = event.status === "done" || event.status === "error";
-  // A message this page has not seen, or a piece that does not follow on: fetch the whole conversation.
-  if (!entry || (!finished && event.at !== entry.content.length)) return loadChat();
-  entry.content = finished ? event.text : entry.content + event.text;
+  if (!entry) return loadChat(); // a message this page has not seen yet
+  if (finished) {
+    entry.content = event.text;
+  } else if (event.at + event.text.length <= entry.content.length) {
+    return; // already in what was fetched
+  } else if (event.at === entry.content.length) {
+    entry.content += event.text;
+  } else {
+    return loadChat(); // a piece went missing: fetch the whole answer
+  }
   render(entry, event.status);
   chatLog.scrollTop = chatLog.scrollHeight;
 }
