@@ -34,6 +34,7 @@ class RelayConsumer(AsyncWebsocketConsumer):
     """Token checks, forced disconnects and teardown shared by both relays."""
 
     grant = None
+    backend_open = False
     groups_joined: tuple[str, ...] = ()
 
     async def connect(self):
@@ -49,6 +50,7 @@ class RelayConsumer(AsyncWebsocketConsumer):
         except RelayDenied as denied:
             await self.deny(denied)
             return
+        self.backend_open = True
         self.groups_joined = (desktop_group(desktop_id), user_group(self.grant.user_id))
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
@@ -56,7 +58,7 @@ class RelayConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
-        if self.grant is not None:
+        if self.backend_open:  # a relay refused before its backend opened has nothing to close
             await self.close_backend()
 
     async def deny(self, denied: RelayDenied):
