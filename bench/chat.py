@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stack import BENCH_LXC, control_plane
 from bench.stats import summary
 from desktops import services
+from desktops.agent_config import GATEWAY_PORT
 from desktops.audit import Actor
 from tests.support.scripted_model import ScriptedModelServer, Text
 from workers.drivers import lxc_net
@@ -92,7 +93,8 @@ def gateway_up(desktop_id: str) -> float:
     desktop = Desktop.objects.get(id=desktop_id)
     with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
         while True:
-            _, out, _ = ssh.exec_command("bash -c '</dev/tcp/127.0.0.1/18789' 2>/dev/null && echo up")
+            probe = f"bash -c '</dev/tcp/127.0.0.1/{GATEWAY_PORT}' 2>/dev/null && echo up"
+            _, out, _ = ssh.exec_command(probe)
             if out.read().strip() == b"up":
                 return time.perf_counter()
             time.sleep(0.25)

@@ -37,10 +37,6 @@ PROVIDERS = {
 COMPAT = {"openai-completions": {"compat": {"supportsUsageInStreaming": True}}}
 
 
-def default_model(provider: str) -> str:
-    return PROVIDERS[provider][2]
-
-
 def gateway_token(desktop_id: str) -> str:
     """The desktop's gateway password, stable so that rewriting the file never locks the bridge out."""
     return salted_hmac("lebureau.agent-gateway", desktop_id).hexdigest()
@@ -55,14 +51,14 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
     providers, models = {}, []
     for key in keys:
         base_url, api, fallback_model = PROVIDERS[key.provider]
-        model = key.model or fallback_model
-        providers[provider_id(key)] = {
+        model, provider = key.model or fallback_model, provider_id(key)
+        providers[provider] = {
             "baseUrl": key.base_url or base_url,
             "apiKey": crypto.secret_decrypt(key.secret_encrypted),
             "api": api,
             "models": [{"id": model, "name": model, **COMPAT.get(api, {})}],
         }
-        models.append(f"{provider_id(key)}/{model}")
+        models.append(f"{provider}/{model}")
     config = {
         "gateway": {
             "mode": "local",

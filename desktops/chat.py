@@ -147,7 +147,6 @@ def _run_turn(reply: ChatMessage) -> bool:
                 status, errors = _stream(channel, answer, deadline)
             except TurnTimeout:
                 ssh.exec_command(f"bureau chat stop {shlex.quote(reply.id)}")
-                answer.save()
                 _finish(
                     reply,
                     f"No answer within {settings.CHAT_TURN_TIMEOUT} s: the agent was stopped.",
@@ -158,9 +157,9 @@ def _run_turn(reply: ChatMessage) -> bool:
             usage = _usage(ssh, reply.id)
     except (paramiko.SSHException, OSError) as exc:
         status, errors = -1, str(exc)
-    answer.save()
     if status == -1:  # the connection broke, not the agent
         if timezone.now() < deadline:
+            answer.save()  # where the next follower picks up
             logger.warning("lost the desktop of turn %s (%s); it will be picked up again", reply.id, errors)
             return False
         _finish(reply, f"The desktop's agent could not be reached: {errors}", failed=True, answer=answer)
@@ -219,6 +218,8 @@ class _Answer:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._undecoded = 0
         self._pending = ""
+        # The page counts in UTF-16 units; kept as the text grows rather than re-measured at each save.
+        self._published_utf16 = _utf16_len(self.text)
         # Never saved yet: the first piece goes out at once (it is the one the operator waits for).
         self._saved_at, self._beat_at = 0.0, time.monotonic()
 
@@ -242,7 +243,8 @@ class _Answer:
         if not _mine(self.reply).update(content=self.text, output_offset=offset, heartbeat_at=timezone.now()):
             raise Superseded
         if self._pending:
-            _publish(self.reply, at=_utf16_len(self.text) - _utf16_len(self._pending), text=self._pending)
+            _publish(self.reply, at=self._published_utf16, text=self._pending)
+            self._published_utf16 += _utf16_len(self._pending)
             self._pending = ""
         self._saved_at = self._beat_at = time.monotonic()
 
