@@ -4,6 +4,9 @@ from django.contrib.auth import get_user_model
 from desktops import crypto
 from desktops.models import ApiKey, Desktop, DesktopState, Membership, Plan, Role, Workspace
 
+# Every factory-made user's password, for the tests that log in through the pages.
+PASSWORD = "correct horse battery staple"
+
 
 class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
@@ -11,7 +14,7 @@ class UserFactory(factory.django.DjangoModelFactory):
 
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
-    password = factory.django.Password("correct horse battery staple")
+    password = factory.django.Password(PASSWORD)
 
 
 class WorkspaceFactory(factory.django.DjangoModelFactory):

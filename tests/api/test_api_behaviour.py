@@ -7,7 +7,7 @@ from django.utils import timezone
 from desktops import crypto
 from desktops.models import ApiKey, AuditEvent, Desktop, DesktopState, LLMKey, Role
 from tests.conftest import client_for
-from tests.factories import DesktopFactory, api_key_for
+from tests.factories import PASSWORD, DesktopFactory, api_key_for
 
 
 @pytest.fixture
@@ -324,9 +324,7 @@ def test_audit_trail_is_append_only(db):
 
 
 def test_login_creates_a_workspace_and_is_audited(client, user):
-    response = client.post(
-        "/accounts/login/", {"login": user.email, "password": "correct horse battery staple"}
-    )
+    response = client.post("/accounts/login/", {"login": user.email, "password": PASSWORD})
     assert response.status_code == 302
     assert user.memberships.get().role == Role.OWNER
     assert AuditEvent.objects.filter(action="auth.login", actor=f"user:{user.email}").exists()

@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import web_server
+from tests.factories import PASSWORD
+
 # Playwright's sync API keeps an event loop in the test's thread; the ORM calls of these tests are
 # still plain synchronous ones, made between browser steps.
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
@@ -52,7 +55,14 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=ARTIFACTS / f"{name}.png")
 
 
-def log_in(page, base_url: str, email: str, password: str) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, driver_dir):
+    """The suite's daphne for one test module (a module needing other settings defines its own)."""
+    with web_server(driver_dir, tmp_path_factory.getbasetemp()) as url:
+        yield url
+
+
+def log_in(page, base_url: str, email: str, password: str = PASSWORD) -> None:
     page.goto(f"{base_url}/accounts/login/")
     page.fill("input[name=login]", email)
     page.fill("input[name=password]", password)

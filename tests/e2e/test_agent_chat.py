@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from desktops.models import ChatMessage, Role
-from tests.conftest import FULL_IMAGE, SCRIPTED_MODEL_URL, web_server
+from tests.conftest import FULL_IMAGE, SCRIPTED_MODEL_URL
 from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
 from tests.factories import MembershipFactory
 from tests.support.desktops import provision, run
@@ -23,20 +23,13 @@ pytestmark = [
     pytest.mark.lxc,
     pytest.mark.skipif(not FULL_IMAGE.is_file(), reason="no full golden image (make setup builds it)"),
 ]
-PASSWORD = "correct horse battery staple"
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory, driver_dir):
-    with web_server(driver_dir, tmp_path_factory.getbasetemp()) as url:
-        yield url
 
 
 def test_a_task_in_the_chat_pane_is_done_and_its_answer_streams_in(
     page, site, lxc_api, workspace, scripted_model
 ):
     admin = MembershipFactory(workspace=workspace, role=Role.ADMIN)
-    log_in(page, site, admin.user.email, PASSWORD)
+    log_in(page, site, admin.user.email)
 
     # The admin brings the workspace's own model key, in Settings.
     page.goto(f"{site}/w/{workspace.id}/settings/")

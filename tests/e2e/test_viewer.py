@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from desktops.models import Role
-from tests.conftest import LXC_IMAGE, web_server
+from tests.conftest import LXC_IMAGE
 from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
 from tests.factories import MembershipFactory
 from tests.support.desktops import provision, run
@@ -21,13 +21,6 @@ pytestmark = [
     pytest.mark.lxc,
     pytest.mark.skipif(not LXC_IMAGE.is_file(), reason="no minimal golden image (make setup builds it)"),
 ]
-PASSWORD = "correct horse battery staple"
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory, driver_dir):
-    with web_server(driver_dir, tmp_path_factory.getbasetemp()) as url:
-        yield url
 
 
 def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
@@ -35,7 +28,7 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
     let_the_network_settle(page)
 
-    log_in(page, site, member.user.email, PASSWORD)
+    log_in(page, site, member.user.email)
     screenshot(page, "viewer-01-desktops")
     page.click("text=e2e-desk")
     page.wait_for_url(f"{site}/desktops/{desktop.id}/")
