@@ -1,9 +1,17 @@
+# The browser libraries (noVNC, xterm.js) come from npm, pinned by package-lock.json.
+FROM node:20-bookworm-slim AS browser-libraries
+WORKDIR /app
+COPY package.json package-lock.json ./
+COPY scripts/static.sh scripts/static.sh
+RUN scripts/static.sh
+
 FROM python:3.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN apt-get update && apt-get install -y --no-install-recommends openssh-client lxc \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml ./
+COPY pyproject.toml requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes -r requirements.lock
 COPY lebureau lebureau
 COPY desktops desktops
 COPY workers workers
@@ -12,6 +20,7 @@ COPY missioncontrol missioncontrol
 COPY billing billing
 COPY templates templates
 COPY manage.py ./
-RUN pip install --no-cache-dir . && python manage.py collectstatic --noinput
+COPY --from=browser-libraries /app/missioncontrol/static/vendor missioncontrol/static/vendor
+RUN pip install --no-cache-dir --no-deps . && python manage.py collectstatic --noinput
 EXPOSE 8000
 CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "lebureau.asgi:application"]

@@ -1,4 +1,4 @@
-.PHONY: setup dev run test lint
+.PHONY: setup dev run test lint check lock
 
 # Install everything, migrate, then run web + worker + beat in the foreground.
 dev: setup run
@@ -6,14 +6,25 @@ dev: setup run
 setup:
 	scripts/setup.sh
 
+# honcho numbers its processes' ports from --port: the web process gets exactly PORT.
 run:
 	@mkdir -p var
 	@echo "\n==> Le Bureau: Mission Control at http://$${HOST:-127.0.0.1}:$${PORT:-8000}/  (API docs: /api/docs/, admin: /admin/)\n"
-	.venv/bin/honcho start
+	.venv/bin/honcho start --port $${PORT:-8000}
 
-# The whole suite, on real PostgreSQL, Redis and a real Celery worker.
-test: setup
+# The lint CI holds the code to, then the whole suite on real PostgreSQL, Redis and a real Celery worker.
+test: setup check
 	.venv/bin/pytest
+
+check:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 lint:
 	.venv/bin/pre-commit run --all-files
+
+# Renew the lock file after changing the dependencies in pyproject.toml.
+lock:
+	.venv/bin/pip install -q pip-tools
+	.venv/bin/pip-compile -q --extra dev --generate-hashes --allow-unsafe --strip-extras \
+	    --no-emit-index-url --no-emit-find-links -o requirements.lock pyproject.toml

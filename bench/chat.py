@@ -30,7 +30,7 @@ from desktops import services
 from desktops.agent_config import GATEWAY_PORT
 from desktops.audit import Actor
 from tests.support.scripted_model import ScriptedModelServer, Text
-from workers.drivers import lxc_net
+from workers.drivers.lxc import network as lxc_net
 
 MODEL_PORT = 18432
 ANSWER = "Here is the answer, at once."
@@ -87,8 +87,8 @@ def turn(http: requests.Session, base: str, desktop_id: str, stream: Stream) -> 
 
 def gateway_up(desktop_id: str) -> float:
     """When OpenClaw's gateway in the desktop accepts connections (checked from inside, over SSH)."""
+    from desktops.guest import desktop_ssh_connect
     from desktops.models import Desktop
-    from workers.ssh import desktop_ssh_connect
 
     desktop = Desktop.objects.get(id=desktop_id)
     with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:

@@ -11,12 +11,10 @@ destroys everything it made.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,29 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import summary
 from workers.drivers.base import InstanceSpec
-from workers.drivers.lxc import LxcDriver
+from workers.drivers.lxc import LxcConfig, LxcDriver
 
 ROOT = Path("/var/lib/lebureau/bench")
 SUBNET = "10.216.0.0/24"
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOv0Q0bVGbL7nJc3lYQ0T6SaoJ1NGQ3z0Dmp7Kx8t9bE bench"
-
-
-class Allocator:
-    def __init__(self, subnet: str):
-        self.lock = threading.Lock()
-        self.free = [str(ip) for ip in list(ipaddress.ip_network(subnet).hosts())[1:]]
-        self.given: dict[str, str] = {}
-
-    def allocate(self, key: str) -> str:
-        with self.lock:
-            if key not in self.given:
-                self.given[key] = self.free.pop(0)
-            return self.given[key]
-
-    def release(self, key: str) -> None:
-        with self.lock:
-            if key in self.given:
-                self.free.append(self.given.pop(key))
 
 
 def spec(memory_mib: int) -> InstanceSpec:
@@ -108,14 +88,15 @@ def main() -> None:
         sys.exit("run as root: the LXC driver mounts disks and starts containers")
 
     driver = LxcDriver(
-        ip_allocator=Allocator(SUBNET),
-        state_dir=str(ROOT / "desktops"),
-        lxc_path=str(ROOT / "lxc"),
-        lock_dir=str(ROOT / "locks"),
-        bridge="lbbench0",
-        subnet=SUBNET,
-        nft_table="lebureau_bench",
-        veth_prefix="lbb",
+        LxcConfig(
+            state_dir=ROOT / "desktops",
+            lxc_path=ROOT / "lxc",
+            lock_dir=ROOT / "locks",
+            bridge="lbbench0",
+            subnet=SUBNET,
+            nft_table="lebureau_bench",
+            veth_prefix="lbb",
+        )
     )
     made: list[str] = []
     try:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.pve.simulator import Simulator, TaskTimes
 from tests.pve.support import SSH_KEY, TEMPLATE, driver_for, make_spec
-from workers.drivers.proxmox import vm_name
-from workers.drivers.proxmox_pool import PoolShape
+from workers.drivers.proxmox import PoolShape
+from workers.drivers.proxmox.api import vm_name
 
 NODES = {"pve1": (262144, 64), "pve2": (262144, 64), "pve3": (262144, 64)}
 SHAPE = PoolShape("minimal", 1, 1024, 10, size=1)

@@ -37,11 +37,11 @@ from django.conf import settings  # noqa: E402
 
 from bench.stats import percentile  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
+from desktops.guest import control_plane_public_key, desktop_ssh_connect  # noqa: E402
 from desktops.models import Desktop, DesktopState, Membership, Plan, Role, Workspace  # noqa: E402
 from proxies.sessions import relay_session_create  # noqa: E402
 from tests.support import services as real  # noqa: E402
 from tests.support.services import service_process  # noqa: E402
-from workers.ssh import control_plane_public_key, desktop_ssh_connect  # noqa: E402
 
 WIDTH, HEIGHT = 1920, 1080
 HANDSHAKE = b"RFB 003.008\n" + b"\x01" + b"\x01"

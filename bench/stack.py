@@ -19,13 +19,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
 django.setup()
 
 from django.contrib.auth import get_user_model  # noqa: E402
-from django.test import override_settings  # noqa: E402
 
 from desktops import services  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from lebureau.celery import app as celery_app  # noqa: E402
-from tests.support.services import free_port, port_open, service_process  # noqa: E402
-from workers.drivers.lxc import LxcDriver  # noqa: E402
+from tests.support.services import free_port, patched_environ, port_open, service_process  # noqa: E402
+from workers.drivers.lxc import LxcConfig, LxcDriver  # noqa: E402
 
 BENCH_LXC = {
     "COMPUTE_DRIVER": "lxc",
@@ -86,12 +85,12 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
 
 def clear_leftovers() -> None:
     """Desktops left on the bench's engine (by an interrupted run, or this one) would skew the figures."""
-    with override_settings(**{k: v for k, v in BENCH_LXC.items() if k.startswith("LXC_")}):
-        driver = LxcDriver.from_settings()
-        for key in {i.key for i in driver.list_instances()} | {
-            p.parent.name for p in driver.state_dir.glob("*/meta.json")
-        }:
-            driver.destroy(key)
+    with patched_environ({name: v for name, v in BENCH_LXC.items() if name.startswith("LXC_")}):
+        driver = LxcDriver(LxcConfig.from_env())
+    for key in {i.key for i in driver.list_instances()} | {
+        p.parent.name for p in driver.config.state_dir.glob("*/meta.json")
+    }:
+        driver.destroy(key)
 
 
 def worker_answers() -> bool:

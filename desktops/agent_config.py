@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils.crypto import salted_hmac
 
 from desktops import crypto
+from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop, DesktopState, LLMKey, LLMProvider
-from workers.ssh import desktop_ssh_connect
 
 GATEWAY_PORT = 18789
 # Relative to the agent's home, where SFTP sessions start.

@@ -26,8 +26,8 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from desktops.events import ChatUpdated, publish_chat_update
+from desktops.guest import desktop_ssh_connect
 from desktops.models import ChatMessage, Desktop, DesktopState
-from workers.ssh import desktop_ssh_connect
 
 logger = logging.getLogger(__name__)
 Status = ChatMessage.Status

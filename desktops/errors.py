@@ -25,3 +25,9 @@ class NotFound(DomainError):
 
 class Conflict(DomainError):
     status, code = 409, "conflict"
+
+
+class Unavailable(DomainError):
+    """Something the request needs (an engine, a desktop's service) is not answering now."""
+
+    status, code = 503, "unavailable"

@@ -15,12 +15,12 @@ from django.utils import timezone
 
 from desktops.audit import SYSTEM, Actor, audit_record
 from desktops.crypto import api_token_hash
+from desktops.engines import engine, engines_in_use
 from desktops.events import DesktopStateChanged, publish_state_change
+from desktops.guest import control_plane_public_key
 from desktops.models import AuditEvent, Desktop, DesktopEvent
 from desktops.models import DesktopState as S
-from workers.drivers import driver_name, get_driver
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState
-from workers.ssh import control_plane_public_key
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> bool:
     if desktop is None or desktop.state != step.via:
         logger.info("skip %s of %s: state is %s", action, desktop_id, desktop and desktop.state)
         return False
-    driver = get_driver(desktop.driver)
+    driver = engine(desktop.driver)
     try:
         if action == "destroy":
             driver.destroy(desktop.id)
@@ -177,7 +177,7 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
         return
     if action != "destroy" and not desktop["driver_ref"]:  # never provisioned: leave nothing behind
         try:
-            get_driver(desktop["driver"]).destroy(desktop_id)
+            engine(desktop["driver"]).destroy(desktop_id)
         except DriverError as exc:
             message = f"{message} (clean-up pending: {exc.message})"
     transition(
@@ -193,15 +193,14 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
 def reconcile() -> dict[str, list[str]]:
     """Compare every engine in use with the database; report drift and orphans, never delete on a guess."""
     live = Desktop.objects.exclude(state=S.DESTROYED)
-    engines = set(live.values_list("driver", flat=True).distinct()) | {driver_name()}
     report: dict[str, list[str]] = {"drift": [], "orphans": [], "vanished": []}
-    for engine in sorted(engines):
-        _reconcile_engine(engine, dict(live.filter(driver=engine).values_list("id", "state")), report)
+    for name in engines_in_use():
+        _reconcile_engine(name, dict(live.filter(driver=name).values_list("id", "state")), report)
     return report
 
 
-def _reconcile_engine(engine: str, known: dict[str, str], report: dict[str, list[str]]) -> None:
-    instances = {i.key: i for i in get_driver(engine).list_instances()}
+def _reconcile_engine(name: str, known: dict[str, str], report: dict[str, list[str]]) -> None:
+    instances = {i.key: i for i in engine(name).list_instances()}
     for key, state in known.items():
         instance = instances.get(key)
         expected = STEADY.get(state)
@@ -225,4 +224,4 @@ def _reconcile_engine(engine: str, known: dict[str, str], report: dict[str, list
         report["orphans"].append(key)
         logger.warning("orphan instance %s has no live desktop", key)
         if not AuditEvent.objects.filter(action="reconcile.orphan", target=key).exists():
-            audit_record(actor=SYSTEM, action="reconcile.orphan", target=key, engine=engine)
+            audit_record(actor=SYSTEM, action="reconcile.orphan", target=key, engine=name)

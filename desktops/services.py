@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from desktops import crypto
 from desktops.audit import Actor, audit_record
+from desktops.engines import engine_for_new_desktops
 from desktops.errors import Conflict, Invalid, NotFound
 from desktops.events import AccessChanged, publish_access_change
 from desktops.lifecycle import TRANSITIONS, transition
@@ -32,9 +33,8 @@ from desktops.models import (
     Role,
     Workspace,
 )
+from desktops.queue import CHAT_DELIVER, WORKSPACE_AGENT_CONFIGURE, enqueue, enqueue_step
 from desktops.selectors import role_in, workspace_get
-from workers.drivers import driver_name
-from workers.tasks import STEP_TASKS, chat_deliver, workspace_agent_configure
 
 
 def _validated(instance, **kwargs):
@@ -256,7 +256,7 @@ def desktop_create(
         plan=plan,
         name=name,
         image_profile=image_profile or settings.DEFAULT_IMAGE_PROFILE,
-        driver=driver_name(),
+        driver=engine_for_new_desktops(),
         created_by=actor.user,
     )
     _validated(desktop, validate_constraints=True)
@@ -271,7 +271,7 @@ def desktop_create(
                 target=desktop.id,
                 plan=plan.name,
             )
-            _enqueue_step(desktop.id, "provision")
+            enqueue_step(desktop_id=desktop.id, action="provision")
     except IntegrityError as exc:
         # Lost a race with another create of the same name.
         raise Conflict("A desktop with this name already exists in the workspace.") from exc
@@ -291,13 +291,9 @@ def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
             desktop.refresh_from_db(fields=["state"])
             allowed = ", ".join(sorted(step.sources)) if len(step.sources) < 4 else "any state but destroying"
             raise Conflict(f"Cannot {action} a desktop that is {desktop.state} (allowed from: {allowed}).")
-        _enqueue_step(desktop.id, action)
+        enqueue_step(desktop_id=desktop.id, action=action)
     desktop.refresh_from_db()
     return desktop
-
-
-def _enqueue_step(desktop_id: str, action: str) -> None:
-    transaction.on_commit(lambda: STEP_TASKS[action].delay(desktop_id=desktop_id))
 
 
 # Chat
@@ -328,7 +324,7 @@ def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
             target=desktop.id,
             length=len(message),
         )
-        transaction.on_commit(lambda: chat_deliver.delay(desktop_id=desktop.id))
+        enqueue(CHAT_DELIVER, desktop_id=desktop.id)
     return reply
 
 
@@ -402,4 +398,4 @@ def llm_key_delete(*, actor: Actor, workspace_id: str, key_id: str) -> None:
 
 
 def _push_agent_config(workspace_id: str) -> None:
-    transaction.on_commit(lambda: workspace_agent_configure.delay(workspace_id=workspace_id))
+    enqueue(WORKSPACE_AGENT_CONFIGURE, workspace_id=workspace_id)

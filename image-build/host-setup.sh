@@ -64,7 +64,7 @@ sysctl -q -p /etc/sysctl.d/60-lebureau.conf
 echo "==> kernel limits for many containers set (/etc/sysctl.d/60-lebureau.conf)"
 
 echo "==> bridge $BRIDGE ($SUBNET) and nftables"
-# Run as a file: the workers package itself imports Django, this module needs only the stdlib.
-"$PYTHON" "$REPO/workers/drivers/lxc_net.py" --bridge "$BRIDGE" --subnet "$SUBNET"
+# Run as a file: this module needs only the standard library.
+"$PYTHON" "$REPO/workers/drivers/lxc/network.py" --bridge "$BRIDGE" --subnet "$SUBNET"
 mkdir -p /var/lib/lebureau/images /var/lib/lebureau/desktops /var/lib/lebureau/lxc
 echo "==> host ready; build the golden image with: image-build/build.sh minimal"

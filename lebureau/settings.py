@@ -184,18 +184,16 @@ EVENTSTREAM_STORAGE_CLASS = "django_eventstream.storage.RedisStorage"
 EVENTSTREAM_STORAGE_CONNECTION = EVENTSTREAM_REDIS
 EVENTSTREAM_CHANNELMANAGER_CLASS = "missioncontrol.streams.WorkspaceStreams"
 
-# Which compute engine runs the desktops: a registered name ("lxc", "proxmox") or a dotted path.
+# Which compute engine runs new desktops: a registered name ("lxc", "proxmox") or a dotted path. Each
+# engine reads its own options from the environment (workers/drivers/<engine>/config.py); its periodic
+# work runs from the one generic beat job below.
 COMPUTE_DRIVER = env.str("COMPUTE_DRIVER", "lxc")
-# The LXC engine (one machine): golden images, per-desktop state, its bridge, subnet and firewall table.
-LXC_IMAGES_DIR = env.str("LXC_IMAGES_DIR", "/var/lib/lebureau/images")
-LXC_STATE_DIR = env.str("LXC_STATE_DIR", "/var/lib/lebureau/desktops")
-LXC_PATH = env.str("LXC_PATH", "/var/lib/lebureau/lxc")
-LXC_BRIDGE = env.str("LXC_BRIDGE", "lbbr0")
-LXC_SUBNET = env.str("LXC_SUBNET", "10.213.0.0/24")
-LXC_NFT_TABLE = env.str("LXC_NFT_TABLE", "lebureau")
-LXC_VETH_PREFIX = env.str("LXC_VETH_PREFIX", "lbv")
-# Ports of this host that desktops may open: the control plane's web port, for the `bureau` helper.
-LXC_HOST_TCP_PORTS = tuple(env.list("LXC_HOST_TCP_PORTS", [8000], subcast=int))
+ENGINE_MAINTENANCE_INTERVAL = env.float("ENGINE_MAINTENANCE_INTERVAL", 60.0)
+CELERY_BEAT_SCHEDULE["engine-maintenance"] = {
+    "task": "workers.tasks.engine_maintenance",
+    "schedule": ENGINE_MAINTENANCE_INTERVAL,
+    "options": {"expires": ENGINE_MAINTENANCE_INTERVAL},
+}
 # Where the control plane keeps its SSH key pair for reaching desktops.
 CONTROL_PLANE_SSH_KEY = env.path("CONTROL_PLANE_SSH_KEY", BASE_DIR / "var" / "ssh" / "id_ed25519")
 # Transient driver errors are retried with exponential backoff, this many times, waiting at most this long.
@@ -215,49 +213,4 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", "INFO")},
-}
-
-# The Proxmox engine (COMPUTE_DRIVER=proxmox): the cluster's API and token, one template VMID per image
-# profile ("full=9000,minimal=9001"), placement, the firewall's control plane addresses, the warm pool.
-PROXMOX_HOST = env.str("PROXMOX_HOST", "127.0.0.1:8006")
-PROXMOX_TOKEN_USER = env.str("PROXMOX_TOKEN_USER", "lebureau@pve")
-PROXMOX_TOKEN_NAME = env.str("PROXMOX_TOKEN_NAME", "driver")
-PROXMOX_TOKEN_SECRET = env.str("PROXMOX_TOKEN_SECRET", "")
-PROXMOX_TEMPLATES = env.dict("PROXMOX_TEMPLATES", {}, subcast_values=int)
-# True, False, or the path of the CA bundle that signed the cluster's certificate.
-PROXMOX_VERIFY_SSL = env.str("PROXMOX_VERIFY_SSL", "true")
-PROXMOX_BRIDGE = env.str("PROXMOX_BRIDGE", "vmbr0")
-PROXMOX_DISK = env.str("PROXMOX_DISK", "scsi0")
-PROXMOX_FULL_CLONE = env.bool("PROXMOX_FULL_CLONE", False)
-PROXMOX_CLONE_STORAGE = env.str("PROXMOX_CLONE_STORAGE", "")
-PROXMOX_IPCONFIG = env.str("PROXMOX_IPCONFIG", "ip=dhcp")
-PROXMOX_MEMORY_RESERVE_MIB = env.int("PROXMOX_MEMORY_RESERVE_MIB", 2048)
-PROXMOX_CPU_OVERCOMMIT = env.float("PROXMOX_CPU_OVERCOMMIT", 4.0)
-# Place a new desktop on a node holding no other desktop of its workspace, while one fits.
-PROXMOX_ANTI_AFFINITY = env.bool("PROXMOX_ANTI_AFFINITY", False)
-# Where the control plane's connections come from: the only source allowed to desktops' SSH and VNC.
-PROXMOX_CONTROL_CIDRS = tuple(env.list("PROXMOX_CONTROL_CIDRS", []))
-PROXMOX_CONTROL_TCP_PORTS = tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [8000], subcast=int))
-PROXMOX_PRIVATE_CIDRS = tuple(
-    env.list("PROXMOX_PRIVATE_CIDRS", ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"])
-)
-# "profile:vcpus:memory_mib:disk_gib=size" per plan, e.g. "full:2:4096:20=2": size VMs on each node.
-PROXMOX_WARM_POOL = env.list("PROXMOX_WARM_POOL", [])
-PROXMOX_WARM_POOL_RUNNING = env.bool("PROXMOX_WARM_POOL_RUNNING", True)
-PROXMOX_WARM_POOL_INTERVAL = env.float("PROXMOX_WARM_POOL_INTERVAL", 60.0)
-PROXMOX_API_TIMEOUT = env.int("PROXMOX_API_TIMEOUT", 30)
-PROXMOX_TASK_TIMEOUT = env.float("PROXMOX_TASK_TIMEOUT", 600.0)
-PROXMOX_AGENT_TIMEOUT = env.float("PROXMOX_AGENT_TIMEOUT", 300.0)
-PROXMOX_SHUTDOWN_TIMEOUT = env.int("PROXMOX_SHUTDOWN_TIMEOUT", 60)
-# Seconds between two re-resolutions of the desktops' allowed domains into their firewall's IP sets.
-PROXMOX_DOMAIN_REFRESH_INTERVAL = env.float("PROXMOX_DOMAIN_REFRESH_INTERVAL", 300.0)
-CELERY_BEAT_SCHEDULE["proxmox-warm-pool"] = {
-    "task": "workers.tasks.refill_warm_pool",
-    "schedule": PROXMOX_WARM_POOL_INTERVAL,
-    "options": {"expires": PROXMOX_WARM_POOL_INTERVAL},
-}
-CELERY_BEAT_SCHEDULE["proxmox-allowed-domains"] = {
-    "task": "workers.tasks.refresh_allowed_domains",
-    "schedule": PROXMOX_DOMAIN_REFRESH_INTERVAL,
-    "options": {"expires": PROXMOX_DOMAIN_REFRESH_INTERVAL},
 }

@@ -8,7 +8,7 @@ from functools import wraps
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponseForbidden, StreamingHttpResponse
@@ -20,13 +20,12 @@ from django_eventstream.views import events as eventstream_events
 from billing.selectors import agent_usage_of_desktop, agent_usage_of_workspace, desktop_cost_so_far
 from desktops import selectors, services
 from desktops.audit import Actor
+from desktops.engines import desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
 from desktops.events import workspace_stream
 from desktops.models import DesktopState, Role
 from desktops.selectors import role_in
 from missioncontrol import forms
-from workers.drivers import get_driver
-from workers.drivers.base import DriverError
 
 LIVE_STATES = {DesktopState.RUNNING}
 PAGE_SIZE = 100
@@ -198,7 +197,7 @@ def desktop(request, desktop_id):
         desktop=found,
         can_control=request.role.rank >= Role.MEMBER.rank,
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
-        usage=desktop_usage(found),
+        usage=desktop_resource_usage(found),
         cost=desktop_cost_so_far(found),
         agent_usage=agent_usage_of_desktop(found),
     )
@@ -215,16 +214,6 @@ def workspace_events(request, workspace_id):
     request.user.pk  # noqa: B018  (load the user now: the stream must not need the database)
     connection.close()  # an open page must not hold a database connection for as long as it is open
     return eventstream_events(request, channels=[workspace_stream(workspace_id)])
-
-
-def desktop_usage(desktop):
-    """What a running desktop uses now, if its engine is reachable from here and can tell."""
-    if desktop.state != DesktopState.RUNNING:
-        return None
-    try:
-        return get_driver(desktop.driver).usage(desktop.id)
-    except (ImproperlyConfigured, DriverError):
-        return None
 
 
 # Settings

@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, modes
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from desktops.engines import ConsoleTicket
 from proxies.rfb import RfbViolation
-from workers.drivers.base import ConsoleTicket
 
 RFB_VERSION = b"RFB 003.008\n"
 NO_AUTH, VNC_AUTH = 1, 2

@@ -18,13 +18,13 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from websockets.exceptions import InvalidHandshake
 
+from desktops.engines import desktop_console
+from desktops.errors import Unavailable
 from desktops.events import desktop_group, user_group
+from desktops.guest import desktop_ssh_connect
 from proxies.console import ConsoleRefused, ConsoleScreen
 from proxies.rfb import ClientStreamFilter, RfbViolation
-from proxies.sessions import Mode, RelayDenied, relay_desktop_engine, relay_grant_check, relay_grant_recheck
-from workers.drivers import get_driver
-from workers.drivers.base import DriverError
-from workers.ssh import desktop_ssh_connect
+from proxies.sessions import Mode, RelayDenied, relay_grant_check, relay_grant_recheck
 
 logger = logging.getLogger(__name__)
 CHUNK = 256 * 1024
@@ -139,13 +139,15 @@ class VncRelayConsumer(RelayConsumer):
     async def _engine_console(self) -> ConsoleScreen:
         desktop_id = self.grant.desktop_id
         try:
-            engine = await database_sync_to_async(relay_desktop_engine)(desktop_id=desktop_id)
-            ticket = await asyncio.to_thread(lambda: get_driver(engine).console(desktop_id))
+            # Not the shared sync thread: the engine may take a while to answer.
+            ticket = await database_sync_to_async(desktop_console, thread_sensitive=False)(
+                desktop_id=desktop_id
+            )
             return await ConsoleScreen.open(ticket, lambda data: self.send(bytes_data=data))
         except ConsoleRefused as exc:
             logger.warning("the console of %s refused the relay: %s", desktop_id, exc)
             raise RelayDenied(4503, "The desktop's console refused the relay.") from exc
-        except (DriverError, OSError, TimeoutError, InvalidHandshake) as exc:
+        except (Unavailable, OSError, TimeoutError, InvalidHandshake) as exc:
             # Engines without a console of their own (LXC) end here too.
             raise RelayDenied(4502, "The desktop's screen is not answering.") from exc
 

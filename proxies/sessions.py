@@ -81,11 +81,6 @@ def relay_grant_check(*, token: str, desktop_id: str) -> tuple[RelayGrant, str]:
     return grant, relay_grant_recheck(grant)
 
 
-def relay_desktop_engine(*, desktop_id: str) -> str:
-    """The compute engine the desktop is on, whose console the VNC relay falls back to."""
-    return Desktop.objects.values_list("driver", flat=True).get(id=desktop_id)
-
-
 def relay_grant_recheck(grant: RelayGrant) -> str:
     """Check a grant against the present: the user still has the role, the desktop still runs."""
     user = get_user_model().objects.filter(pk=grant.user_id, is_active=True).first()

@@ -21,7 +21,9 @@ echo "ok"
 
 step "Python environment (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+# From the lock file, hashes checked: every machine gets the same packages (`make lock` renews it).
+.venv/bin/pip install -q --disable-pip-version-check --require-hashes -r requirements.lock
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
 echo "ok"
 
 step "Desktop host: LXC, its bridge and firewall"

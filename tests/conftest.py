@@ -11,14 +11,15 @@ from rest_framework.test import APIClient
 
 from desktops import services
 from desktops.audit import Actor
+from desktops.engines import engine
 from desktops.models import Desktop, Role
 from lebureau.celery import app as celery_app
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
 from tests.support.scripted_model import ScriptedModelServer
-from tests.support.services import free_port, port_open, service_process
-from workers.drivers import get_driver, lxc_net
+from tests.support.services import free_port, patched_environ, port_open, service_process
+from workers.drivers.lxc import network as lxc_net
 
 TEST_DRIVER = "tests.support.directory_driver.DirectoryDriver"
 # A Redis database of its own, so a developer's running worker never takes the suite's tasks.
@@ -70,14 +71,14 @@ def _control_plane_key(tmp_path_factory):
 def _test_driver(settings, driver_dir):
     settings.COMPUTE_DRIVER = TEST_DRIVER
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed, not security
-    get_driver.cache_clear()
+    engine.cache_clear()
     yield
-    get_driver.cache_clear()
+    engine.cache_clear()
 
 
 @pytest.fixture
 def driver(driver_dir) -> DirectoryDriver:
-    return get_driver(TEST_DRIVER)
+    return engine(TEST_DRIVER)
 
 
 @pytest.fixture
@@ -169,23 +170,24 @@ def web_server(driver_dir: Path, basetemp: Path, **extra: str):
 @pytest.fixture(scope="session")
 def lxc_test_engine(django_db_setup, django_db_blocker):
     """The API tests' LXC engine, cleared of what an interrupted earlier run left behind."""
-    from workers.drivers.lxc import LxcDriver
+    from workers.drivers.lxc import LxcConfig, LxcDriver
 
-    with override_settings(**LXC_TEST_SETTINGS), django_db_blocker.unblock():
-        driver = LxcDriver.from_settings()
+    with patched_environ(LXC_TEST_SETTINGS), django_db_blocker.unblock():
+        driver = LxcDriver(LxcConfig.from_env())
         leftovers = {i.key for i in driver.list_instances()}
-        leftovers |= {path.parent.name for path in Path(driver.state_dir).glob("*/meta.json")}
+        leftovers |= {path.parent.name for path in driver.config.state_dir.glob("*/meta.json")}
         for key in leftovers:
             driver.destroy(key)
     return driver
 
 
 @pytest.fixture
-def lxc_api(celery_worker, lxc_test_engine, members, plan, settings):
+def lxc_api(celery_worker, lxc_test_engine, members, plan, settings, monkeypatch):
     """A member's API client whose new desktops are real LXC desktops; destroys them afterwards."""
     settings.COMPUTE_DRIVER = "lxc"
     for name, value in LXC_TEST_SETTINGS.items():
-        setattr(settings, name, value)
+        monkeypatch.setenv(name, value)
+    engine.cache_clear()
     yield client_for(key=api_key_for(members[Role.MEMBER]))
     # Whoever made them (pages included), support staff clear them all.
     support = Actor(user=UserFactory(is_staff=True), support=True)

@@ -1,7 +1,9 @@
 """Real desktops through the API: LXC containers made by the Celery worker from the golden image."""
 
+import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +11,6 @@ from desktops.models import Desktop
 from tests.conftest import LXC_IMAGE, LXC_TEST_SETTINGS
 from tests.support.desktops import act, provision, run, wait_for_state
 from tests.support.rfb import wait_for_a_drawn_screen
-from workers.models import IpLease
 
 pytestmark = [
     pytest.mark.lxc,
@@ -19,6 +20,12 @@ pytestmark = [
         not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
     ),
 ]
+
+
+def lease(desktop_id: str) -> str | None:
+    """The address the engine's record of the desktop holds, if it has one."""
+    meta = Path(LXC_TEST_SETTINGS["LXC_STATE_DIR"]) / desktop_id / "meta.json"
+    return json.loads(meta.read_text())["ip"] if meta.exists() else None
 
 
 def step(api, desktop: Desktop, action: str, final: str) -> Desktop:
@@ -31,7 +38,7 @@ def test_a_desktop_from_the_api_runs_with_ssh_vnc_and_its_helper(lxc_api):
     detail = lxc_api.get(f"/api/desktops/{desktop.id}").json()
     assert detail["privateIp"].startswith("10.215.0.")
     assert detail["image"]["profile"] == "minimal" and len(detail["image"]["packagesSha256"]) == 64
-    assert IpLease.objects.get(desktop_key=desktop.id).address == desktop.private_ip
+    assert lease(desktop.id) == desktop.private_ip
 
     status = run(desktop, "bureau status")
     assert desktop.id in status and "token:    present" in status
@@ -55,7 +62,7 @@ def test_files_survive_stop_and_suspend_but_not_destroy(lxc_api):
     assert run(desktop, "kill -0 $(cat ~/sleeper.pid) && cat ~/work.txt").strip() == "kept"
 
     step(lxc_api, desktop, "destroy", "destroyed")
-    assert not IpLease.objects.filter(desktop_key=desktop.id).exists()
+    assert lease(desktop.id) is None
     assert subprocess.run(["lxc-info", "-P", LXC_TEST_SETTINGS["LXC_PATH"], "-n", desktop.id]).returncode != 0
 
     again = provision(lxc_api, "keeper")
@@ -106,9 +113,9 @@ def wait_for_reply(message_id: str, timeout: float = 30):
 
 def test_resource_use_is_read_from_the_container(lxc_api, workspace, client, members):
     desktop = provision(lxc_api, "measured")
-    from workers.drivers import get_driver
+    from desktops.engines import engine
 
-    usage = get_driver("lxc").usage(desktop.id)
+    usage = engine("lxc").usage(desktop.id)
     assert 10 * 2**20 < usage.memory_bytes < desktop.plan.memory_mib * 2**20 and usage.cpu_seconds > 0
     client.force_login(members["member"].user)
     page = client.get(f"/desktops/{desktop.id}/").content.decode()

@@ -1,14 +1,17 @@
-"""Celery tasks: thin, take ids, re-fetch, call the lifecycle, and exit quietly if the row is gone."""
+"""Celery tasks, the queue's face: thin, take ids, re-fetch, call the domain, exit quietly if the row is gone.
+
+Names are stable (a broker may hold messages across an upgrade); those the domain sends by name come
+from ``desktops.queue``.
+"""
 
 import paramiko
-from celery import Task
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from desktops import agent_config, chat, lifecycle, selectors
-from lebureau.celery import app
-from workers.drivers import get_driver
-from workers.drivers.base import TransientDriverError
+from desktops import agent_config, chat, engines, lifecycle, selectors
+from desktops.engines import TransientDriverError
+from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, WORKSPACE_AGENT_CONFIGURE
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
@@ -46,9 +49,9 @@ def _step_task(action: str):
         if up and action in CONFIGURE_AFTER:
             agent_configure.delay(desktop_id=desktop_id)
 
-    return app.task(
+    return shared_task(
         run,
-        name=f"workers.tasks.desktop_{action}",
+        name=DESKTOP_STEP.format(action=action),
         base=DesktopStepTask,
         bind=True,
         action=action,
@@ -66,12 +69,29 @@ def _step_task(action: str):
 STEP_TASKS = {action: _step_task(action) for action in lifecycle.TRANSITIONS}
 
 
-@app.task(name="workers.tasks.reconcile", acks_late=True, soft_time_limit=120)
+@shared_task(name="workers.tasks.reconcile", acks_late=True, soft_time_limit=120)
 def reconcile() -> dict[str, list[str]]:
     return lifecycle.reconcile()
 
 
-@app.task(
+def _engine_maintenance() -> dict[str, dict]:
+    return engines.engines_maintain()
+
+
+# One generic beat task runs each engine's own periodic work (``ComputeDriver.maintenance``).
+engine_maintenance = shared_task(
+    _engine_maintenance,
+    name="workers.tasks.engine_maintenance",
+    acks_late=True,
+    soft_time_limit=1800,
+    time_limit=1830,
+)
+# Their names before engines owned their periodic work: a copy may still sit in a broker after an upgrade.
+for _legacy in ("workers.tasks.refill_warm_pool", "workers.tasks.refresh_allowed_domains"):
+    shared_task(_engine_maintenance, name=_legacy, acks_late=True, soft_time_limit=1800, time_limit=1830)
+
+
+@shared_task(
     name="workers.tasks.agent_configure",
     acks_late=True,
     autoretry_for=SSH_TRANSIENT,
@@ -83,17 +103,18 @@ def agent_configure(*, desktop_id: str) -> None:
     agent_config.desktop_agent_configure(desktop_id=desktop_id)
 
 
-@app.task(name="workers.tasks.workspace_agent_configure", acks_late=True)
+@shared_task(name=WORKSPACE_AGENT_CONFIGURE, acks_late=True)
 def workspace_agent_configure(*, workspace_id: str) -> None:
     """A workspace's keys changed: rewrite the configuration of each of its running desktops."""
     for desktop_id in selectors.desktop_ids_running(workspace_id=workspace_id):
         agent_configure.delay(desktop_id=desktop_id)
 
 
-# Chat tasks are acknowledged on receipt, not late: a turn may outlast the broker's visibility
-# timeout, and a redelivered copy would follow the same turn twice. A worker that dies with one
-# loses nothing: `chat_resume` finds the turn by its stale heartbeat, or the queue that stalled.
-@app.task(name="workers.tasks.chat_deliver")
+# Chat tasks are acknowledged on receipt (acks_late=False, overriding the global default): a turn may
+# outlast the broker's visibility timeout, and a redelivered copy would follow the same turn twice. A
+# worker that dies with one loses nothing: `chat_resume` finds the turn by its stale heartbeat, or the
+# queue that stalled.
+@shared_task(name=CHAT_DELIVER, acks_late=False)
 def chat_deliver(*, desktop_id: str) -> None:
     """Start the desktop's next queued agent turn, if it is idle, and follow it."""
     reply = chat.chat_claim_next(desktop_id=desktop_id)
@@ -102,14 +123,16 @@ def chat_deliver(*, desktop_id: str) -> None:
 
 
 # A turn may run for hours; its worker keeps the task until the agent is done.
-@app.task(name="workers.tasks.chat_follow", soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60)
+@shared_task(
+    name="workers.tasks.chat_follow", acks_late=False, soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60
+)
 def chat_follow(*, message_id: str, follower: str) -> None:
     desktop_id = chat.chat_follow(message_id=message_id, follower=follower)
     if desktop_id:
         chat_deliver.delay(desktop_id=desktop_id)  # the next message, if one waits
 
 
-@app.task(name="workers.tasks.chat_resume", acks_late=True, soft_time_limit=60)
+@shared_task(name="workers.tasks.chat_resume", acks_late=True, soft_time_limit=60)
 def chat_resume() -> None:
     """Hand turns whose worker died to a live one, and restart stalled queues."""
     orphans, stalled = chat.chat_resume()
@@ -117,19 +140,3 @@ def chat_resume() -> None:
         chat_follow.delay(message_id=message_id, follower=follower)
     for desktop_id in stalled:
         chat_deliver.delay(desktop_id=desktop_id)
-
-
-@app.task(name="workers.tasks.refill_warm_pool", acks_late=True, soft_time_limit=1800, time_limit=1830)
-def refill_warm_pool() -> dict[str, int]:
-    """Keep the Proxmox warm pool at its size; nothing to do for other engines or a zero-sized pool."""
-    if settings.COMPUTE_DRIVER != "proxmox" or not settings.PROXMOX_WARM_POOL:
-        return {}
-    return get_driver("proxmox").refill_pool()
-
-
-@app.task(name="workers.tasks.refresh_allowed_domains", acks_late=True, soft_time_limit=600, time_limit=630)
-def refresh_allowed_domains() -> dict[str, tuple[str, ...]]:
-    """Keep the Proxmox desktops' allowed-domain IP sets on the domains' current addresses."""
-    if settings.COMPUTE_DRIVER != "proxmox":
-        return {}
-    return get_driver("proxmox").refresh_allowed_domains()

@@ -8,7 +8,6 @@ state directories, so they never touch the desktops of a control plane running o
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import secrets
 import shutil
@@ -17,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import paramiko
@@ -25,7 +25,7 @@ import pytest
 from tests.drivers.contract import DriverContract
 from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
-from workers.drivers.lxc import LxcDriver
+from workers.drivers.lxc import LxcConfig, LxcDriver
 
 IMAGES_DIR = Path(os.environ.get("LEBUREAU_IMAGES_DIR", "/var/lib/lebureau/images"))
 TEST_ROOT = Path("/var/lib/lebureau/test")
@@ -34,6 +34,17 @@ GATEWAY = "10.214.0.1"
 # The host port desktops may open (the control plane's callback API in production).
 HOST_PORT = 18000
 TOKEN = "bureau-test-token"
+TEST_CONFIG = LxcConfig(
+    images_dir=IMAGES_DIR,
+    state_dir=TEST_ROOT / "desktops",
+    lxc_path=TEST_ROOT / "lxc",
+    lock_dir=TEST_ROOT / "locks",
+    bridge="lbtest0",
+    subnet=SUBNET,
+    nft_table="lebureau_test",
+    veth_prefix="lbt",
+    host_tcp_ports=(HOST_PORT,),
+)
 
 pytestmark = [
     pytest.mark.lxc,
@@ -44,38 +55,10 @@ pytestmark = [
 ]
 
 
-class MemoryAllocator:
-    """The allocator the control plane backs with its database, kept in memory for the tests."""
-
-    def __init__(self, subnet: str):
-        self.free = [str(ip) for ip in list(ipaddress.ip_network(subnet).hosts())[1:]]
-        self.given: dict[str, str] = {}
-
-    def allocate(self, key: str) -> str:
-        if key not in self.given:
-            self.given[key] = self.free.pop(0)
-        return self.given[key]
-
-    def release(self, key: str) -> None:
-        if key in self.given:
-            self.free.append(self.given.pop(key))
-
-
 @pytest.fixture(scope="session")
 def lxc_driver():
-    driver = LxcDriver(
-        ip_allocator=MemoryAllocator(SUBNET),
-        images_dir=str(IMAGES_DIR),
-        state_dir=str(TEST_ROOT / "desktops"),
-        lxc_path=str(TEST_ROOT / "lxc"),
-        lock_dir=str(TEST_ROOT / "locks"),
-        bridge="lbtest0",
-        subnet=SUBNET,
-        nft_table="lebureau_test",
-        veth_prefix="lbt",
-        host_tcp_ports=(HOST_PORT,),
-    )
-    # Leftovers of an interrupted run would hold addresses this fresh allocator hands out again.
+    driver = LxcDriver(TEST_CONFIG)
+    # Leftovers of an interrupted run would skew what the tests see of the host's network.
     for leftover in driver.list_instances():
         driver.destroy(leftover.key)
     for orphan in (TEST_ROOT / "desktops").glob("*/meta.json"):
@@ -266,31 +249,19 @@ def test_image_metadata_of_a_desktop(lxc_driver, desktops):
     assert len(meta["packages_sha256"]) == 64
 
 
-def test_an_address_already_in_use_is_refused(lxc_driver, desktops, client_key):
-    _, status = desktops()
-
-    class Stuck:
-        def allocate(self, key):
-            return status.private_ip
-
-        def release(self, key):
-            pass
-
-    clashing = LxcDriver(
-        ip_allocator=Stuck(),
-        images_dir=str(IMAGES_DIR),
-        state_dir=str(TEST_ROOT / "desktops"),
-        lxc_path=str(TEST_ROOT / "lxc"),
-        lock_dir=str(TEST_ROOT / "locks"),
-        bridge="lbtest0",
-        subnet=SUBNET,
-        nft_table="lebureau_test",
-        veth_prefix="lbt",
-    )
-    spec = _spec(client_key)
-    with pytest.raises(DriverError, match="has it"):
-        clashing.provision(spec)
-    clashing.destroy(spec.key)
+def test_concurrent_provisions_lease_distinct_addresses(lxc_driver, client_key):
+    """Addresses come from the engine's own records under one host-wide lock: racing creates never share."""
+    specs = [_spec(client_key) for _ in range(6)]
+    with ThreadPoolExecutor(len(specs)) as pool:
+        metas = list(pool.map(lxc_driver._new_meta, specs))
+    try:
+        addresses = [meta["ip"] for meta in metas]
+        assert len(set(addresses)) == len(addresses)
+        held = [m["ip"] for m in lxc_driver.store.all()]
+        assert sorted(held) == sorted(set(held)), "two desktops of this host hold one address"
+    finally:
+        for spec in specs:
+            lxc_driver.destroy(spec.key)
 
 
 def test_desktops_cannot_reach_each_other_but_the_host_reaches_both(desktops, client_key, host_listener):

@@ -13,6 +13,7 @@ from tests.pve.support import (
     SCHEMA_VERSIONS,
     SSH_KEY,
     TEMPLATE,
+    control_plane,
     driver_for,
     make_spec,
     needs_schema,
@@ -147,18 +148,19 @@ def test_vms_of_others_are_not_desktops(sim, pve):
     assert [i.key for i in pve.list_instances()] == [spec.key]
 
 
-def test_settings_build_the_driver(settings):
-    settings.PROXMOX_TEMPLATES = {"full": 9000}
-    settings.PROXMOX_CONTROL_CIDRS = ("10.1.0.0/24",)
-    settings.PROXMOX_WARM_POOL = ["full:2:4096:20=1"]
-    settings.PROXMOX_VERIFY_SSL = "/etc/ssl/pve-ca.pem"
-    driver = ProxmoxDriver.from_settings()
-    assert driver.warm_pool[0].tag == "lbp-full-2c-4096m-20g"
-    assert driver.pool_ssh_public_key.startswith("ssh-ed25519 ")
-    assert driver._connection["verify_ssl"] == "/etc/ssl/pve-ca.pem"
-    settings.PROXMOX_CONTROL_CIDRS = ()
+def test_the_environment_builds_the_driver(monkeypatch):
+    monkeypatch.setenv("PROXMOX_TEMPLATES", "full=9000")
+    monkeypatch.setenv("PROXMOX_CONTROL_CIDRS", "10.1.0.0/24")
+    monkeypatch.setenv("PROXMOX_WARM_POOL", "full:2:4096:20=1")
+    monkeypatch.setenv("PROXMOX_VERIFY_SSL", "/etc/ssl/pve-ca.pem")
+    driver = ProxmoxDriver.from_env(control_plane())
+    assert driver.config.warm_pool[0].tag == "lbp-full-2c-4096m-20g"
+    assert driver.config.templates == {"full": 9000}
+    assert driver.machines.ssh_public_key == SSH_KEY
+    assert driver.pve.connection["verify_ssl"] == "/etc/ssl/pve-ca.pem"
+    monkeypatch.setenv("PROXMOX_CONTROL_CIDRS", "")
     with pytest.raises(ValueError, match="PROXMOX_CONTROL_CIDRS"):
-        ProxmoxDriver.from_settings()
+        ProxmoxDriver.from_env(control_plane())
 
 
 def test_a_bad_hostname_is_refused_before_anything_is_made(sim, pve):

@@ -7,7 +7,6 @@ import socket
 import pytest
 
 from tests.pve.support import driver_for, make_spec, needs_schema, simulator
-from workers import tasks
 from workers.drivers.base import DriverError, NetworkPolicy, TransientDriverError
 
 pytestmark = needs_schema
@@ -119,9 +118,13 @@ def test_bad_or_unknown_domains_are_refused_and_a_dns_outage_is_transient(sim):
     assert vm.ipsets["lb-domains"] == []
 
 
-def test_the_periodic_task_is_scheduled_and_idle_on_other_engines(settings):
-    schedule = settings.CELERY_BEAT_SCHEDULE["proxmox-allowed-domains"]
-    assert schedule["task"] == tasks.refresh_allowed_domains.name
-    assert schedule["schedule"] == settings.PROXMOX_DOMAIN_REFRESH_INTERVAL
-    settings.COMPUTE_DRIVER = "lxc"
-    assert tasks.refresh_allowed_domains() == {}
+def test_the_engines_maintenance_refreshes_the_domains_once_per_interval(sim, settings):
+    assert settings.CELERY_BEAT_SCHEDULE["engine-maintenance"]["task"] == "workers.tasks.engine_maintenance"
+    dns = Dns({"api.example.com": ("203.0.113.10",)})
+    pve = driver_for(sim, resolve=dns, domain_refresh_interval=3600)
+    key, vm = provisioned(sim, pve, NetworkPolicy(allowed_domains=("api.example.com",)))
+    dns.answers["api.example.com"] = ("203.0.113.20",)
+    assert pve.maintenance() == {"allowed_domains": {key: ("203.0.113.20/32",)}}
+    dns.answers["api.example.com"] = ("203.0.113.30",)
+    assert pve.maintenance() == {}, "refreshed again before its interval had passed"
+    assert cidrs(vm) == ["203.0.113.20/32"]

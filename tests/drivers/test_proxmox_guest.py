@@ -7,9 +7,9 @@ import io
 import paramiko
 import pytest
 
-from tests.pve.support import make_spec
-from workers.drivers import proxmox_guest
+from tests.pve.support import control_plane, make_spec
 from workers.drivers.base import DriverError, TransientDriverError
+from workers.drivers.proxmox import guest as proxmox_guest
 
 
 class Channel:
@@ -47,13 +47,13 @@ class RecordingClient:
 @pytest.fixture
 def client(monkeypatch):
     client = RecordingClient()
-    monkeypatch.setattr("workers.ssh.desktop_ssh_connect", lambda **kwargs: client)
+    monkeypatch.setattr("workers.drivers.ssh.connect", lambda **kwargs: client)
     return client
 
 
 def test_waits_for_cloud_init_sets_the_hostname_and_writes_the_files(client):
     spec = make_spec(files={"/etc/bureau/token": "tok\n", "/etc/motd": "hello\n"})
-    proxmox_guest.ssh_guest_setup(spec, "10.220.0.9")
+    proxmox_guest.SshGuestSetup(control_plane())(spec, "10.220.0.9")
     commands = [(c, stdin.getvalue()) for c, stdin in client.commands]
     assert commands[0][0].startswith("cloud-init status --wait")
     assert commands[1][0] == f"sudo hostnamectl set-hostname {spec.key.replace('_', '-')}"
@@ -68,22 +68,22 @@ def test_waits_for_cloud_init_sets_the_hostname_and_writes_the_files(client):
 @pytest.mark.parametrize("path", ["etc/passwd", "/etc/bureau/../../root/x"])
 def test_a_path_outside_the_guest_is_refused_before_connecting(client, path):
     with pytest.raises(DriverError, match="must be absolute"):
-        proxmox_guest.ssh_guest_setup(make_spec(files={path: "x"}), "10.220.0.9")
+        proxmox_guest.SshGuestSetup(control_plane())(make_spec(files={path: "x"}), "10.220.0.9")
     assert client.commands == []
 
 
 def test_a_failing_command_is_reported(monkeypatch):
     client = RecordingClient(failing="hostnamectl")
-    monkeypatch.setattr("workers.ssh.desktop_ssh_connect", lambda **kwargs: client)
+    monkeypatch.setattr("workers.drivers.ssh.connect", lambda **kwargs: client)
     with pytest.raises(DriverError, match="could not set the hostname in the desktop: permission denied"):
-        proxmox_guest.ssh_guest_setup(make_spec(), "10.220.0.9")
+        proxmox_guest.SshGuestSetup(control_plane())(make_spec(), "10.220.0.9")
 
 
 def test_ssh_that_never_opens_is_transient(monkeypatch):
     def refuse(**kwargs):
         raise paramiko.SSHException("Error reading SSH protocol banner")
 
-    monkeypatch.setattr("workers.ssh.desktop_ssh_connect", refuse)
+    monkeypatch.setattr("workers.drivers.ssh.connect", refuse)
     monkeypatch.setattr(proxmox_guest, "READY_TIMEOUT", 0)
     with pytest.raises(TransientDriverError, match=r"SSH to 10\.220\.0\.9 failed"):
-        proxmox_guest.ssh_guest_setup(make_spec(), "10.220.0.9")
+        proxmox_guest.SshGuestSetup(control_plane())(make_spec(), "10.220.0.9")

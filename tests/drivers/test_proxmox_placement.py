@@ -11,8 +11,8 @@ from tests.factories import DesktopFactory
 from tests.pve.simulator import TaskTimes
 from tests.pve.support import driver_for, make_spec, needs_schema, simulator
 from workers.drivers.base import DriverError
-from workers.drivers.proxmox import vm_name
-from workers.drivers.proxmox_pool import PoolShape
+from workers.drivers.proxmox import PoolShape
+from workers.drivers.proxmox.api import vm_name
 
 pytestmark = needs_schema
 

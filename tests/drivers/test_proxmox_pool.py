@@ -8,7 +8,8 @@ import pytest
 
 from tests.pve.support import driver_for, make_spec, needs_schema, simulator
 from workers.drivers.base import InstanceState
-from workers.drivers.proxmox_pool import POOL_TAG, PoolShape
+from workers.drivers.proxmox import PoolShape
+from workers.drivers.proxmox.pool import POOL_TAG
 
 pytestmark = needs_schema
 SHAPE = PoolShape("minimal", 1, 1024, 10, size=1)
@@ -82,8 +83,8 @@ def test_stopped_members_are_personalised_by_cloud_init(sim):
 def test_shrinking_the_pool_removes_members(sim):
     pve = driver_for(sim, warm_pool=(SHAPE,))
     pve.refill_pool()
-    pve.warm_pool = (PoolShape("minimal", 1, 1024, 10, size=0),)
-    assert pve.refill_pool() == {SHAPE.tag: -2}
+    smaller = driver_for(sim, warm_pool=(PoolShape("minimal", 1, 1024, 10, size=0),))
+    assert smaller.refill_pool() == {SHAPE.tag: -2}
     assert pool_vms(sim) == []
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import secrets
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 
 from tests.pve.schema import SCHEMA_DIR, SCHEMA_FILE, Schema
 from tests.pve.simulator import Simulator, TaskTimes
-from workers.drivers.base import InstanceSpec
-from workers.drivers.proxmox import ProxmoxDriver
+from workers.drivers.base import ControlPlane, InstanceSpec
+from workers.drivers.proxmox import ProxmoxConfig, ProxmoxDriver
 
 needs_schema = pytest.mark.skipif(
     not SCHEMA_FILE.is_file(),
@@ -54,7 +56,15 @@ class GuestRecorder:
             self.calls.append((spec.key, ip, dict(spec.files)))
 
 
-def driver_for(sim: Simulator, **overrides) -> ProxmoxDriver:
+def control_plane() -> ControlPlane:
+    """A control plane whose public key is SSH_KEY (the simulator never checks the private half)."""
+    key = Path(tempfile.mkdtemp(prefix="pve-control-")) / "id_ed25519"
+    key.with_suffix(".pub").write_text(SSH_KEY + "\n")
+    return ControlPlane(ssh_key_path=key)
+
+
+def driver_for(sim: Simulator, *, guest_setup=None, resolve=None, **overrides) -> ProxmoxDriver:
+    """A driver on the simulator; ``overrides`` are ProxmoxConfig fields."""
     user, token_name, secret = sim.token
     options = {
         "host": sim.host,
@@ -64,15 +74,16 @@ def driver_for(sim: Simulator, **overrides) -> ProxmoxDriver:
         "verify_ssl": sim.ca_path,
         "templates": {"minimal": TEMPLATE},
         "control_cidrs": (CONTROL_CIDR,),
-        "guest_setup": GuestRecorder(),
-        "pool_ssh_public_key": SSH_KEY,
         "poll_interval": 0.005,
         "agent_timeout": 5.0,
         "task_timeout": 10.0,
         "shutdown_timeout": 0,
         **overrides,
     }
-    return ProxmoxDriver(**options)
+    extra = {"resolve": resolve} if resolve is not None else {}
+    return ProxmoxDriver(
+        ProxmoxConfig(**options), control_plane(), guest_setup=guest_setup or GuestRecorder(), **extra
+    )
 
 
 def make_spec(**overrides) -> InstanceSpec:

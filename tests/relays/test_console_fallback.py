@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from desktops.audit import Actor
+from desktops.engines import engine
 from desktops.models import DesktopState, Role
 from lebureau.asgi import application
 from proxies.console import ConsoleRefused, RfbReader, vnc_authenticate
@@ -17,7 +18,6 @@ from proxies.sessions import relay_session_create
 from tests.factories import DesktopFactory, MembershipFactory
 from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
 from tests.support import services as real
-from workers.drivers import get_driver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
 
@@ -30,17 +30,24 @@ def sim():
 
 
 @pytest.fixture
-def proxmox(settings, sim):
+def proxmox(settings, sim, monkeypatch):
     """The control plane's Proxmox engine pointed at the simulator; the guest's VNC port is closed."""
-    settings.PROXMOX_HOST = sim.host
-    settings.PROXMOX_TOKEN_USER, settings.PROXMOX_TOKEN_NAME, settings.PROXMOX_TOKEN_SECRET = sim.token
-    settings.PROXMOX_VERIFY_SSL = sim.ca_path
-    settings.PROXMOX_TEMPLATES = {"minimal": TEMPLATE}
-    settings.PROXMOX_CONTROL_CIDRS = (CONTROL_CIDR,)
+    user, token_name, secret = sim.token
+    environment = {
+        "PROXMOX_HOST": sim.host,
+        "PROXMOX_TOKEN_USER": user,
+        "PROXMOX_TOKEN_NAME": token_name,
+        "PROXMOX_TOKEN_SECRET": secret,
+        "PROXMOX_VERIFY_SSL": str(sim.ca_path),
+        "PROXMOX_TEMPLATES": f"minimal={TEMPLATE}",
+        "PROXMOX_CONTROL_CIDRS": CONTROL_CIDR,
+    }
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
     settings.DESKTOP_VNC_PORT = real.free_port()
-    get_driver.cache_clear()
+    engine.cache_clear()
     yield
-    get_driver.cache_clear()
+    engine.cache_clear()
 
 
 @pytest.fixture

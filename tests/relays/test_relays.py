@@ -12,12 +12,12 @@ from channels.testing import WebsocketCommunicator
 
 from desktops import services
 from desktops.audit import Actor
+from desktops.guest import control_plane_public_key
 from desktops.models import DesktopState, Role
 from lebureau.asgi import application
 from proxies.sessions import relay_session_create
 from tests.factories import DesktopFactory, MembershipFactory
 from tests.support import services as real
-from workers.ssh import control_plane_public_key
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
 

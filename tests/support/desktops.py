@@ -2,8 +2,8 @@
 
 import time
 
+from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop
-from workers.ssh import desktop_ssh_connect
 
 
 def wait_for_state(desktop_id: str, *states: str, timeout: float = 30) -> Desktop:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from workers.drivers.base import (
     ComputeDriver,
+    ControlPlane,
     DriverError,
     InstanceSpec,
     InstanceState,
@@ -38,7 +39,7 @@ class DirectoryDriver(ComputeDriver):
         (self.root / "faults").mkdir(exist_ok=True)
 
     @classmethod
-    def from_settings(cls) -> DirectoryDriver:
+    def from_env(cls, control_plane: ControlPlane) -> DirectoryDriver:
         return cls(os.environ["TEST_DRIVER_DIR"])
 
     # Test helpers

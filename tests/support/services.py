@@ -48,6 +48,21 @@ def running(args: list[str], port: int, **kwargs):
 
 
 @contextmanager
+def patched_environ(values: dict[str, str]):
+    """Environment variables set for the block only (engines read their options from there)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
 def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Path, ready):
     """Run one of the control plane's processes for the suite, until `ready()` is true."""
     log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (lives with the process)

@@ -1,10 +1,9 @@
-"""The registry of compute engines; `COMPUTE_DRIVER` picks one by name or dotted path."""
+"""The registry of compute engines: a name ("lxc", "proxmox") or a dotted path picks a driver class.
 
-from functools import cache
+Engines know nothing of Django: each reads its own options from the environment (``from_env``).
+"""
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
+from importlib import import_module
 
 from workers.drivers.base import ComputeDriver
 
@@ -14,21 +13,13 @@ DRIVERS: dict[str, str] = {
 }
 
 
-def driver_name() -> str:
-    """The engine new desktops go to, recorded on each so it keeps its engine for life."""
-    return settings.COMPUTE_DRIVER
-
-
-@cache
-def get_driver(name: str | None = None) -> ComputeDriver:
-    """One driver instance per engine and process, built from settings."""
-    name = name or settings.COMPUTE_DRIVER
-    path = DRIVERS.get(name, name)
+def driver_class(name: str) -> type[ComputeDriver]:
+    """The class registered under ``name``, or the one its dotted path names; ImportError if none."""
+    module, _, attribute = DRIVERS.get(name, name).rpartition(".")
     try:
-        driver_class = import_string(path)
-    except ImportError as exc:
-        known = ", ".join(sorted(DRIVERS))
-        raise ImproperlyConfigured(
-            f"COMPUTE_DRIVER={name!r} is not available ({exc}); known: {known}."
-        ) from exc
-    return driver_class.from_settings()
+        found = getattr(import_module(module), attribute)
+    except (ValueError, AttributeError) as exc:
+        raise ImportError(f"no engine named {name!r}") from exc
+    if not (isinstance(found, type) and issubclass(found, ComputeDriver)):
+        raise ImportError(f"{name!r} is not a compute engine")
+    return found

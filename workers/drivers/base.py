@@ -11,6 +11,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
+
+from workers.drivers.ssh import control_plane_public_key
 
 
 class DriverError(Exception):
@@ -130,12 +133,24 @@ def check_spec(spec: InstanceSpec, *, min_memory_mib: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ControlPlane:
+    """What every engine is told of the control plane driving it: how it logs into desktops."""
+
+    ssh_key_path: Path
+    ssh_user: str = "agent"
+
+    @property
+    def ssh_public_key(self) -> str:
+        return control_plane_public_key(self.ssh_key_path)
+
+
 class ComputeDriver(abc.ABC):
     name: str = ""
 
     @classmethod
-    def from_settings(cls) -> ComputeDriver:
-        """Build the driver from Django settings; engines with options override this."""
+    def from_env(cls, control_plane: ControlPlane) -> ComputeDriver:
+        """Build the driver from its own environment variables; engines with options override this."""
         return cls()
 
     @abc.abstractmethod
@@ -181,4 +196,11 @@ class ComputeDriver(abc.ABC):
 
     def image_metadata(self, key: str) -> dict:
         """What the engine knows of the image the instance was made from (profile, build, packages)."""
+        return {}
+
+    def maintenance(self) -> dict:
+        """The engine's own periodic work (a warm pool to refill, say), run by one generic beat task.
+
+        Returns what it did, for the task's log; engines with nothing to do keep this default.
+        """
         return {}

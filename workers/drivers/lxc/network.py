@@ -7,7 +7,7 @@ idempotent and self-healing (a host reboot or a hand edit is repaired by the nex
 
 Run as a module to create the bridge and an empty firewall (``image-build/host-setup.sh`` does)::
 
-    python3 workers/drivers/lxc_net.py --bridge lbbr0 --subnet 10.213.0.0/24
+    python3 workers/drivers/lxc/network.py --bridge lbbr0 --subnet 10.213.0.0/24
 """
 
 from __future__ import annotations

@@ -11,16 +11,28 @@ import time
 
 import paramiko
 
-from workers.drivers.base import DriverError, InstanceSpec, TransientDriverError, guest_hostname
+from workers.drivers import ssh
+from workers.drivers.base import ControlPlane, DriverError, InstanceSpec, TransientDriverError, guest_hostname
 
 AGENT_HOME = "/home/agent"
 # sshd answers only once cloud-init has installed the key; a real first boot takes well under this.
 READY_TIMEOUT = 300.0
 
 
-def ssh_guest_setup(spec: InstanceSpec, ip: str) -> None:
-    from workers.ssh import desktop_ssh_connect
+class SshGuestSetup:
+    """Logs into the new guest as the control plane (its host key is new: whatever it presents)."""
 
+    def __init__(self, control_plane: ControlPlane):
+        self.control_plane = control_plane
+
+    def __call__(self, spec: InstanceSpec, ip: str) -> None:
+        connect = lambda: ssh.connect(  # noqa: E731
+            host=ip, port=22, username=self.control_plane.ssh_user, key_path=self.control_plane.ssh_key_path
+        )
+        guest_setup(spec, ip, connect)
+
+
+def guest_setup(spec: InstanceSpec, ip: str, connect) -> None:
     hostname = guest_hostname(spec.hostname)
     files = {"/etc/bureau/desktop_id": f"{spec.key}\n", **spec.files}
     for path in files:
@@ -29,7 +41,7 @@ def ssh_guest_setup(spec: InstanceSpec, ip: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
         try:
-            client = desktop_ssh_connect(desktop_id=spec.key, host=ip)
+            client = connect()
             break
         except (OSError, paramiko.SSHException) as exc:
             if time.monotonic() > deadline:

@@ -1,0 +1,24 @@
+"""How the domain hands work to the workers: by task name, sent once the transaction commits.
+
+The domain never imports the queue's entry points (``workers.tasks``, a face like the views); the
+names below are the contract between the two, and also what may sit in a broker during an upgrade,
+so they never change. Which queue each goes to is routing (``CELERY_TASK_ROUTES``), not code here.
+"""
+
+from __future__ import annotations
+
+from celery import current_app
+from django.db import transaction
+
+DESKTOP_STEP = "workers.tasks.desktop_{action}"
+CHAT_DELIVER = "workers.tasks.chat_deliver"
+WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
+
+
+def enqueue(task: str, **kwargs) -> None:
+    """Send ``task`` with these keyword arguments when the current transaction commits (now if none)."""
+    transaction.on_commit(lambda: current_app.send_task(task, kwargs=kwargs))
+
+
+def enqueue_step(*, desktop_id: str, action: str) -> None:
+    enqueue(DESKTOP_STEP.format(action=action), desktop_id=desktop_id)

@@ -1,0 +1,71 @@
+"""The LXC engine's options, read from its own environment variables (``LXC_*``)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from environs import Env
+
+from workers.drivers.lxc.network import TABLE, VETH_PREFIX
+
+
+def host_nameservers() -> tuple[str, ...]:
+    """The host's own resolvers, but loopback ones (a desktop cannot reach the host's 127.0.0.53)."""
+    servers = []
+    with contextlib.suppress(OSError), open("/etc/resolv.conf") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == "nameserver" and not fields[1].startswith("127."):
+                servers.append(fields[1])
+    return tuple(servers)
+
+
+@dataclass(frozen=True)
+class LxcConfig:
+    """Where desktops live on this machine and how they are networked.
+
+    Tests and benches run beside a production engine on one host by giving theirs another bridge,
+    subnet, firewall table, veth prefix and directories.
+    """
+
+    images_dir: Path = Path("/var/lib/lebureau/images")
+    state_dir: Path = Path("/var/lib/lebureau/desktops")
+    lxc_path: Path = Path("/var/lib/lebureau/lxc")
+    lock_dir: Path = Path("/run/lebureau/locks")
+    bridge: str = "lbbr0"
+    subnet: str = "10.213.0.0/24"
+    nft_table: str = TABLE
+    veth_prefix: str = VETH_PREFIX
+    # The guests' ids are mapped from here on the host (the golden image is built for it).
+    id_base: int = 100000
+    id_count: int = 65536
+    # TCP ports of this host that desktops may open.
+    host_tcp_ports: tuple[int, ...] = ()
+    dns_servers: tuple[str, ...] = field(default_factory=host_nameservers)
+    # What must answer before a desktop counts as up (SSH, VNC), and for how long to wait.
+    ready_ports: tuple[int, ...] = (22, 5900)
+    ready_timeout: float = 30.0
+    stop_timeout: int = 10
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[a-z][a-z0-9]{1,4}", self.veth_prefix):
+            raise ValueError(f"veth_prefix {self.veth_prefix!r}: 2 to 5 lowercase letters or digits")
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> LxcConfig:
+        env = env or Env()
+        defaults = cls.__dataclass_fields__
+        return cls(
+            images_dir=env.path("LXC_IMAGES_DIR", defaults["images_dir"].default),
+            state_dir=env.path("LXC_STATE_DIR", defaults["state_dir"].default),
+            lxc_path=env.path("LXC_PATH", defaults["lxc_path"].default),
+            lock_dir=env.path("LXC_LOCK_DIR", defaults["lock_dir"].default),
+            bridge=env.str("LXC_BRIDGE", defaults["bridge"].default),
+            subnet=env.str("LXC_SUBNET", defaults["subnet"].default),
+            nft_table=env.str("LXC_NFT_TABLE", defaults["nft_table"].default),
+            veth_prefix=env.str("LXC_VETH_PREFIX", defaults["veth_prefix"].default),
+            host_tcp_ports=tuple(env.list("LXC_HOST_TCP_PORTS", [], subcast=int)),
+        )

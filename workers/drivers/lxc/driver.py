@@ -1,0 +1,255 @@
+"""The LXC compute driver: each desktop is an unprivileged system container on this machine.
+
+Its disk (``storage``), its container (``container``), the files it gets at provision
+(``guest_files``), the host's bridge and firewall (``network``) and what the engine keeps of it
+(``state``) each have a module; this one puts them together behind ``ComputeDriver``. Every method
+that changes a desktop takes its lock, so two workers acting on one desktop serialise; addresses and
+the firewall change under one host-wide lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+import shutil
+from pathlib import Path
+
+from workers.drivers.base import (
+    ComputeDriver,
+    ControlPlane,
+    DriverError,
+    InstanceSpec,
+    InstanceState,
+    InstanceStatus,
+    InstanceUsage,
+    NetworkPolicy,
+    Progress,
+    ProvisionStep,
+    check_spec,
+    no_progress,
+)
+from workers.drivers.lxc import guest_files, network, storage
+from workers.drivers.lxc.config import LxcConfig
+from workers.drivers.lxc.container import Lxc, is_ours, render_config, wait_ready, write_config
+from workers.drivers.lxc.state import NETWORK_LOCK, DesktopStore, checked_key
+
+
+class LxcDriver(ComputeDriver):
+    name = "lxc"
+
+    def __init__(self, config: LxcConfig):
+        self.config = config
+        self.store = DesktopStore(config.state_dir, config.lxc_path, config.lock_dir)
+        self.lxc = Lxc(config.lxc_path, config.stop_timeout)
+
+    @classmethod
+    def from_env(cls, control_plane: ControlPlane) -> LxcDriver:
+        return cls(LxcConfig.from_env())
+
+    # -- the interface ------------------------------------------------------------------------
+
+    def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
+        key = checked_key(spec.key)
+        check_spec(spec, min_memory_mib=128)
+        with self.store.locked(key):
+            progress(ProvisionStep.CLONE)
+            meta = self.store.read(key) or self._new_meta(spec)
+            base = self.store.dir(key)
+            write_config(self.store.config_path(key), render_config(self.config, spec, meta, base / "rootfs"))
+            storage.ensure_disk(base, spec.disk_gib)
+            storage.mount(base, meta["image"], self.config.id_base)
+            progress(ProvisionStep.NETWORK)
+            self._sync_network()
+            progress(ProvisionStep.KEYS)
+            if not (base / "seeded").exists():
+                guest_files.seed(
+                    base / "rootfs", spec, dns_servers=self.config.dns_servers, id_base=self.config.id_base
+                )
+                (base / "seeded").touch()
+            progress(ProvisionStep.BOOT)
+            self.lxc.thaw_or_start(key, base / "lxc.log")
+            wait_ready(key, meta["ip"], self.config)
+            progress(ProvisionStep.READY)
+            return self._status(key)
+
+    def start(self, key: str) -> InstanceStatus:
+        key = checked_key(key)
+        with self.store.locked(key):
+            meta = self.store.existing(key, "start")
+            base = self.store.dir(key)
+            if self.lxc.state(key) == InstanceState.STOPPED:
+                if not (base / "seeded").exists():
+                    raise DriverError(f"desktop {key} was never fully provisioned: provision it again")
+                self._sync_network()
+                storage.mount(base, meta["image"], self.config.id_base)
+            if self.lxc.thaw_or_start(key, base / "lxc.log"):
+                wait_ready(key, meta["ip"], self.config)
+            return self._status(key)
+
+    def stop(self, key: str) -> InstanceStatus:
+        key = checked_key(key)
+        with self.store.locked(key):
+            self.store.existing(key, "stop")
+            self.lxc.stop(key, force=False)
+            storage.unmount(self.store.dir(key), required=False)
+            return self._status(key)
+
+    def suspend(self, key: str) -> InstanceStatus:
+        key = checked_key(key)
+        with self.store.locked(key):
+            self.store.existing(key, "suspend")
+            state = self.lxc.state(key)
+            if state == InstanceState.STOPPED:
+                raise DriverError(f"desktop {key} is stopped: there is nothing in memory to suspend")
+            if state == InstanceState.RUNNING:
+                self.lxc.tool("lxc-freeze", key)
+            return self._status(key)
+
+    def resume(self, key: str) -> InstanceStatus:
+        key = checked_key(key)
+        with self.store.locked(key):
+            self.store.existing(key, "resume")
+            state = self.lxc.state(key)
+            if state == InstanceState.STOPPED:
+                raise DriverError(f"desktop {key} is stopped, not suspended: start it instead")
+            if state == InstanceState.SUSPENDED:
+                self.lxc.tool("lxc-unfreeze", key)
+            return self._status(key)
+
+    def destroy(self, key: str) -> None:
+        key = checked_key(key)
+        with self.store.locked(key):
+            if self.store.config_path(key).exists():
+                self.lxc.stop(key, force=True)
+                shutil.rmtree(self.config.lxc_path / key)
+            storage.unmount(self.store.dir(key), required=True)
+            # Its meta.json goes with it, and with it the lease on its address.
+            if self.store.dir(key).exists():
+                shutil.rmtree(self.store.dir(key))
+            self._sync_network()
+
+    def status(self, key: str) -> InstanceStatus:
+        return self._status(checked_key(key))
+
+    def usage(self, key: str) -> InstanceUsage | None:
+        """From the container's cgroup (v1 or v2): memory in use and CPU time since it started."""
+        key = checked_key(key)
+        v1_memory = Path(f"/sys/fs/cgroup/memory/lxc.payload.{key}/memory.usage_in_bytes")
+        v1_cpu = Path(f"/sys/fs/cgroup/cpuacct/lxc.payload.{key}/cpuacct.usage")
+        v2 = Path(f"/sys/fs/cgroup/lxc.payload.{key}")
+        try:
+            if v1_memory.exists():
+                return InstanceUsage(int(v1_memory.read_text()), int(v1_cpu.read_text()) / 1e9)
+            stat = dict(line.split() for line in (v2 / "cpu.stat").read_text().splitlines())
+            return InstanceUsage(int((v2 / "memory.current").read_text()), int(stat["usage_usec"]) / 1e6)
+        except (OSError, KeyError, ValueError):
+            return None  # stopped, or gone between the check and the read
+
+    def image_metadata(self, key: str) -> dict:
+        """The ``image.json`` of the golden image build the desktop was cloned from (LXC only)."""
+        meta = self.store.existing(checked_key(key), "describe the image of")
+        return json.loads((Path(meta["image"]) / "image.json").read_text())
+
+    def list_instances(self) -> list[InstanceStatus]:
+        instances = [
+            self._status(config.parent.name)
+            for config in sorted(self.config.lxc_path.glob("*/config"))
+            if is_ours(config)
+        ]
+        return [i for i in instances if i.state != InstanceState.ABSENT]
+
+    def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
+        key = checked_key(key)
+        if policy.allowed_domains:
+            raise DriverError(
+                "the LXC engine cannot allow domains by name; allow their addresses as CIDRs instead"
+            )
+        cidrs = []
+        for cidr in policy.allowed_cidrs:
+            try:
+                cidrs.append(str(ipaddress.IPv4Network(cidr, strict=False)))
+            except ValueError as exc:
+                raise DriverError(f"allowed CIDR {cidr!r} is not an IPv4 network: {exc}") from exc
+        with self.store.locked(key):
+            meta = self.store.existing(key, "change the network policy of")
+            meta["allow_internet"] = policy.allow_internet
+            meta["allowed_cidrs"] = cidrs
+            self.store.write(key, meta)
+            self._sync_network()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _status(self, key: str) -> InstanceStatus:
+        meta = self.store.read(key)
+        if meta is None or not self.store.config_path(key).exists():
+            return InstanceStatus(key=key, state=InstanceState.ABSENT)
+        return InstanceStatus(key=key, state=self.lxc.state(key), private_ip=meta["ip"], ref=key)
+
+    def _golden_image(self, profile: str) -> Path:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", profile):
+            raise DriverError(f"{profile!r} is not an image profile name")
+        image = self.config.images_dir / profile / "current"
+        if not (image / "image.json").is_file() or not (image / "rootfs").is_dir():
+            raise DriverError(
+                f"the golden image '{profile}' is not built on this host "
+                f"(no {image}/rootfs): run image-build/build.sh {profile}"
+            )
+        image_id_base = json.loads((image / "image.json").read_text()).get("id_base")
+        if image_id_base != self.config.id_base:
+            raise DriverError(
+                f"the '{profile}' image is owned by ids from {image_id_base}, but this driver maps "
+                f"containers at {self.config.id_base}: rebuild it with LEBUREAU_ID_BASE={self.config.id_base}"
+            )
+        return image
+
+    def _new_meta(self, spec: InstanceSpec) -> dict:
+        """A new desktop's record, with the first free address of the subnet leased to it."""
+        image = self._golden_image(spec.image_profile)
+        digest = hashlib.sha256(spec.key.encode()).hexdigest()
+        subnet = ipaddress.ip_network(self.config.subnet)
+        with self.store.locked(NETWORK_LOCK):
+            taken = {meta["ip"] for meta in self.store.all()}
+            # The first address is the host's own end of the bridge.
+            free = next((str(ip) for ip in list(subnet.hosts())[1:] if str(ip) not in taken), None)
+            if free is None:
+                raise DriverError(f"No address is left on {subnet}: destroy a desktop first.")
+            meta = {
+                "key": spec.key,
+                "ip": free,
+                # Pin the image build: the overlay's lower layer must never change under the desktop.
+                "image": str(image.resolve()),
+                "profile": spec.image_profile,
+                # Interface names have at most 15 characters.
+                "veth": f"{self.config.veth_prefix}{digest[: 15 - len(self.config.veth_prefix)]}",
+                "hwaddr": "00:16:3e:" + ":".join(digest[i : i + 2] for i in (12, 14, 16)),
+                "allow_internet": True,
+                "allowed_cidrs": [],
+            }
+            # Written under the lock, so the next allocation sees this address taken.
+            self.store.write(spec.key, meta)
+        return meta
+
+    def _sync_network(self) -> None:
+        """Re-render the project's firewall from every desktop's metadata, under the host-wide lock."""
+        config = self.config
+        with self.store.locked(NETWORK_LOCK):
+            desktops = [
+                network.DesktopRules(m["ip"], m["veth"], m["allow_internet"], tuple(m["allowed_cidrs"]))
+                for m in self.store.all()
+            ]
+            try:
+                network.ensure_bridge(config.bridge, config.subnet)
+                network.apply(
+                    network.render_ruleset(
+                        config.bridge,
+                        config.subnet,
+                        desktops,
+                        config.host_tcp_ports,
+                        config.nft_table,
+                        config.veth_prefix,
+                    )
+                )
+            except RuntimeError as exc:
+                raise DriverError(f"could not set up the desktops' network: {exc}") from exc

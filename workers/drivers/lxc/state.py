@@ -1,0 +1,78 @@
+"""What the LXC engine keeps of each desktop on this host, and the locks that serialise work on it.
+
+``<state_dir>/<key>/meta.json`` holds what the driver knows of a desktop: its address, image build,
+interface names and egress policy. It is the engine's only record, so its address leases are the
+addresses the ``meta.json`` files hold: nothing else can drift from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+from pathlib import Path
+
+from workers.drivers.base import DriverError
+
+# The lock that every change of the host's network (addresses, bridge, firewall) takes.
+NETWORK_LOCK = ".network"
+
+
+def checked_key(key: str) -> str:
+    # Keys become container names, paths and lock files: refuse anything that could escape them.
+    if (
+        not key
+        or len(key) > 64
+        or not all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+        or key[0] in "-_"
+    ):
+        raise DriverError(f"{key!r} is not a valid desktop key (letters, digits, '_' and '-', at most 64)")
+    return key
+
+
+class DesktopStore:
+    def __init__(self, state_dir: Path, lxc_path: Path, lock_dir: Path):
+        self.state_dir, self.lxc_path, self.lock_dir = state_dir, lxc_path, lock_dir
+        for directory in (state_dir, lxc_path, lock_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def dir(self, key: str) -> Path:
+        return self.state_dir / key
+
+    def config_path(self, key: str) -> Path:
+        """The container's LXC configuration: its presence is the container's existence."""
+        return self.lxc_path / key / "config"
+
+    def read(self, key: str) -> dict | None:
+        try:
+            return json.loads((self.dir(key) / "meta.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def write(self, key: str, meta: dict) -> None:
+        self.dir(key).mkdir(parents=True, exist_ok=True)
+        path = self.dir(key) / "meta.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        tmp.replace(path)
+
+    def all(self) -> list[dict]:
+        metas = []
+        for path in self.state_dir.glob("*/meta.json"):
+            # A desktop being destroyed at the same moment is simply not counted.
+            with contextlib.suppress(OSError, ValueError):
+                metas.append(json.loads(path.read_text()))
+        return metas
+
+    def existing(self, key: str, action: str) -> dict:
+        meta = self.read(key)
+        if meta is None or not self.config_path(key).exists():
+            raise DriverError(f"cannot {action} desktop {key}: it does not exist on this host")
+        return meta
+
+    @contextlib.contextmanager
+    def locked(self, name: str):
+        """An exclusive lock across processes: per desktop key, or NETWORK_LOCK for the host's network."""
+        with open(self.lock_dir / f"{name}.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield

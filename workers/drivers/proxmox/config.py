@@ -1,0 +1,117 @@
+"""The Proxmox engine's options, read from its own environment variables (``PROXMOX_*``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from environs import Env
+
+from workers.drivers.base import InstanceSpec
+
+DEFAULT_PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """One flavour of the pool, i.e. one plan's needs; ``size`` members on every node."""
+
+    profile: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    size: int
+
+    @property
+    def tag(self) -> str:
+        return f"lbp-{self.profile}-{self.vcpus}c-{self.memory_mib}m-{self.disk_gib}g"
+
+    def fits(self, spec: InstanceSpec) -> bool:
+        wanted = (spec.image_profile, spec.vcpus, spec.memory_mib, spec.disk_gib)
+        return self.size > 0 and wanted == (self.profile, self.vcpus, self.memory_mib, self.disk_gib)
+
+    @classmethod
+    def parse(cls, text: str) -> PoolShape:
+        """``profile:vcpus:memory_mib:disk_gib=size``, e.g. ``full:2:4096:20=2``."""
+        match = re.fullmatch(r"([a-z0-9_-]+):(\d+):(\d+):(\d+)=(\d+)", text.strip())
+        if not match:
+            raise ValueError(f"warm pool entry {text!r}: expected profile:vcpus:memory_mib:disk_gib=size")
+        profile, *numbers = match.groups()
+        return cls(profile, *map(int, numbers))
+
+
+@dataclass(frozen=True)
+class ProxmoxConfig:
+    # The cluster's API and the token the control plane uses on it.
+    host: str
+    token_user: str
+    token_name: str
+    token_secret: str
+    # One template VMID per image profile ({"full": 9001, "minimal": 9000}).
+    templates: dict[str, int]
+    # Where the control plane's connections come from: the only source allowed to desktops' SSH and VNC.
+    control_cidrs: tuple[str, ...]
+    # True, False, or the path of the CA bundle that signed the cluster's certificate.
+    verify_ssl: bool | str = True
+    bridge: str = "vmbr0"
+    disk: str = "scsi0"
+    full_clone: bool = False
+    clone_storage: str = ""
+    ipconfig: str = "ip=dhcp"
+    memory_reserve_mib: int = 2048
+    cpu_overcommit: float = 4.0
+    # Place a new desktop on a node holding no other desktop of its workspace, while one fits.
+    anti_affinity: bool = False
+    control_tcp_ports: tuple[int, ...] = (8000,)
+    private_cidrs: tuple[str, ...] = DEFAULT_PRIVATE_CIDRS
+    # VMs cloned ahead of demand on every node, per plan shape; booted unless told otherwise.
+    warm_pool: tuple[PoolShape, ...] = ()
+    warm_pool_running: bool = True
+    # Seconds between two re-resolutions of the desktops' allowed domains into their IP sets.
+    domain_refresh_interval: float = 300.0
+    api_timeout: int = 30
+    task_timeout: float = 600.0
+    agent_timeout: float = 300.0
+    shutdown_timeout: int = 60
+    poll_interval: float = 0.5
+    nextid_attempts: int = 10
+
+    def __post_init__(self):
+        if not self.control_cidrs:
+            raise ValueError(
+                "control_cidrs (PROXMOX_CONTROL_CIDRS) is empty: the control plane could reach no desktop"
+            )
+
+    @classmethod
+    def from_env(cls, env: Env | None = None) -> ProxmoxConfig:
+        env = env or Env()
+        defaults = {name: f.default for name, f in cls.__dataclass_fields__.items()}
+        verify = env.str("PROXMOX_VERIFY_SSL", "true")
+        return cls(
+            host=env.str("PROXMOX_HOST", "127.0.0.1:8006"),
+            token_user=env.str("PROXMOX_TOKEN_USER", "lebureau@pve"),
+            token_name=env.str("PROXMOX_TOKEN_NAME", "driver"),
+            token_secret=env.str("PROXMOX_TOKEN_SECRET", ""),
+            templates=env.dict("PROXMOX_TEMPLATES", {}, subcast_values=int),
+            control_cidrs=tuple(env.list("PROXMOX_CONTROL_CIDRS", [])),
+            verify_ssl={"true": True, "false": False}.get(verify.lower(), verify),
+            bridge=env.str("PROXMOX_BRIDGE", defaults["bridge"]),
+            disk=env.str("PROXMOX_DISK", defaults["disk"]),
+            full_clone=env.bool("PROXMOX_FULL_CLONE", defaults["full_clone"]),
+            clone_storage=env.str("PROXMOX_CLONE_STORAGE", defaults["clone_storage"]),
+            ipconfig=env.str("PROXMOX_IPCONFIG", defaults["ipconfig"]),
+            memory_reserve_mib=env.int("PROXMOX_MEMORY_RESERVE_MIB", defaults["memory_reserve_mib"]),
+            cpu_overcommit=env.float("PROXMOX_CPU_OVERCOMMIT", defaults["cpu_overcommit"]),
+            anti_affinity=env.bool("PROXMOX_ANTI_AFFINITY", defaults["anti_affinity"]),
+            control_tcp_ports=tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [8000], subcast=int)),
+            private_cidrs=tuple(env.list("PROXMOX_PRIVATE_CIDRS", list(DEFAULT_PRIVATE_CIDRS))),
+            warm_pool=tuple(PoolShape.parse(entry) for entry in env.list("PROXMOX_WARM_POOL", [])),
+            warm_pool_running=env.bool("PROXMOX_WARM_POOL_RUNNING", defaults["warm_pool_running"]),
+            domain_refresh_interval=env.float(
+                "PROXMOX_DOMAIN_REFRESH_INTERVAL", defaults["domain_refresh_interval"]
+            ),
+            api_timeout=env.int("PROXMOX_API_TIMEOUT", defaults["api_timeout"]),
+            task_timeout=env.float("PROXMOX_TASK_TIMEOUT", defaults["task_timeout"]),
+            agent_timeout=env.float("PROXMOX_AGENT_TIMEOUT", defaults["agent_timeout"]),
+            shutdown_timeout=env.int("PROXMOX_SHUTDOWN_TIMEOUT", defaults["shutdown_timeout"]),
+        )
