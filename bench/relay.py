@@ -39,7 +39,7 @@ from bench.stats import percentile  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from desktops.guest import control_plane_public_key, desktop_ssh_connect  # noqa: E402
 from desktops.models import Desktop, DesktopState, Membership, Plan, Role, Workspace  # noqa: E402
-from proxies.sessions import relay_session_create  # noqa: E402
+from desktops.relays import relay_tickets_mint  # noqa: E402
 from tests.support import services as real  # noqa: E402
 from tests.support.services import service_process  # noqa: E402
 
@@ -157,15 +157,21 @@ async def direct(port: int, updates: int, pings: int, encoding: int):
         w.close()
 
 
-async def relayed(url: str, updates: int, pings: int, encoding: int):
-    async with websockets.connect(url, max_size=None, origin="http://127.0.0.1") as ws:
+def connect(url: str, ticket: str):
+    """A relay opened as a browser does: the single-use ticket as a subprotocol."""
+    protocols = ["binary", f"lebureau.ticket.{ticket}"]
+    return websockets.connect(url, max_size=None, origin="http://127.0.0.1", subprotocols=protocols)
+
+
+async def relayed(url: str, ticket: str, updates: int, pings: int, encoding: int):
+    async with connect(url, ticket) as ws:
         return await measure(RfbReader(ws.recv), ws.send, updates, pings, encoding)
 
 
-async def terminal_echo(url: str, keystrokes: int) -> list[float]:
+async def terminal_echo(url: str, ticket: str, keystrokes: int) -> list[float]:
     import json
 
-    async with websockets.connect(url, max_size=None, origin="http://127.0.0.1") as ws:
+    async with connect(url, ticket) as ws:
         await ws.send(json.dumps({"type": "input", "data": "stty raw -echo; cat\n"}))
         await asyncio.sleep(1)
         while True:  # drain the banner and prompt
@@ -202,8 +208,8 @@ def direct_echo(desktop_id: str, keystrokes: int) -> list[float]:
         return times
 
 
-def mint(user, desktop) -> str:
-    return relay_session_create(actor=Actor(user=user), desktop_id=desktop.id, mode="control").token
+def mint(user, desktop):
+    return relay_tickets_mint(actor=Actor(user=user), desktop_id=desktop.id, mode="control")
 
 
 def main() -> None:
@@ -257,10 +263,12 @@ def main() -> None:
                 runs = {}
                 for name, encoding in (("Raw", RAW), ("ZRLE", ZRLE)):
                     direct_run = asyncio.run(direct(vnc_port, args.updates, args.pings, encoding))
-                    url = f"{base}/vnc?token={mint(user, desktop)}"
-                    runs[name] = (direct_run, asyncio.run(relayed(url, args.updates, args.pings, encoding)))
+                    relay = relayed(
+                        f"{base}/vnc", mint(user, desktop).vnc, args.updates, args.pings, encoding
+                    )
+                    runs[name] = (direct_run, asyncio.run(relay))
                 r_echo = asyncio.run(
-                    terminal_echo(f"{base}/terminal?token={mint(user, desktop)}", args.keystrokes)
+                    terminal_echo(f"{base}/terminal", mint(user, desktop).terminal, args.keystrokes)
                 )
                 d_echo = direct_echo(desktop.id, args.keystrokes)
     finally:

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from desktops.events import ChatUpdated, publish_chat_update
 from desktops.guest import desktop_ssh_connect
-from desktops.models import ChatMessage, Desktop, DesktopState
+from desktops.models import ChatMessage, Desktop, DesktopState, Workspace
 
 logger = logging.getLogger(__name__)
 Status = ChatMessage.Status
@@ -57,13 +57,18 @@ def agent_command(template: str, *, session: str, message: str) -> str:
 
 
 def chat_claim_next(*, desktop_id: str) -> ChatMessage | None:
-    """Start the desktop's oldest queued turn, unless one is running; the claimed reply, or None."""
+    """Start the desktop's oldest queued turn, unless one is running or its workspace has as many
+    turns running as it may; the claimed reply, or None."""
     with transaction.atomic():
-        # Claims for one desktop take turns on its row, so two workers never both see it idle.
-        if not Desktop.objects.select_for_update().filter(id=desktop_id).exists():
+        workspace_id = Desktop.objects.filter(id=desktop_id).values_list("workspace_id", flat=True).first()
+        # Claims in one workspace take turns on its row: two workers never both see a free slot.
+        if workspace_id is None or not Workspace.objects.select_for_update().filter(id=workspace_id).exists():
             return None
-        if ChatMessage.objects.filter(desktop_id=desktop_id, status=Status.RUNNING).exists():
+        running = ChatMessage.objects.filter(desktop__workspace_id=workspace_id, status=Status.RUNNING)
+        if running.filter(desktop_id=desktop_id).exists():
             return None
+        if running.count() >= settings.CHAT_TURNS_PER_WORKSPACE:
+            return None  # the turn stays queued; the next one to finish in the workspace hands it on
         queued = ChatMessage.objects.select_related("desktop").filter(
             desktop_id=desktop_id, status=Status.QUEUED
         )
@@ -74,6 +79,14 @@ def chat_claim_next(*, desktop_id: str) -> ChatMessage | None:
         reply.save(update_fields=["status", "heartbeat_at", "follower"])
         _publish(reply, at=0, text="")
     return reply
+
+
+def chat_waiting(*, workspace_id: str) -> list[str]:
+    """The workspace's desktops with a turn queued and none running, oldest message first."""
+    running = ChatMessage.objects.filter(desktop_id=OuterRef("desktop_id"), status=Status.RUNNING)
+    queued = ChatMessage.objects.filter(desktop__workspace_id=workspace_id, status=Status.QUEUED)
+    waiting = queued.exclude(Exists(running)).order_by("created_at").values_list("desktop_id", flat=True)
+    return list(dict.fromkeys(waiting))
 
 
 def chat_resume() -> tuple[list[tuple[str, str]], list[str]]:
@@ -107,8 +120,8 @@ def chat_resume() -> tuple[list[tuple[str, str]], list[str]]:
 def chat_follow(*, message_id: str, follower: str) -> str | None:
     """Run (or rejoin) a claimed turn and stream its answer; the reply ends `done`, or `error` with why.
 
-    Returns the desktop's id once the turn is over (its next message may start). None when there was
-    nothing to do, another follower has the turn, or the desktop could not be reached for now (the
+    Returns the workspace's id once the turn is over (a turn waiting in it may start). None when there
+    was nothing to do, another follower has the turn, or the desktop could not be reached for now (the
     turn stays `running`, its heartbeat goes stale and `chat_resume` tries again).
     """
     reply = (
@@ -119,7 +132,7 @@ def chat_follow(*, message_id: str, follower: str) -> str | None:
     if reply is None:
         return None
     try:
-        return reply.desktop_id if _run_turn(reply) else None
+        return reply.desktop.workspace_id if _run_turn(reply) else None
     except Superseded:
         logger.info("turn %s is followed elsewhere now; this follower stops", message_id)
         return None

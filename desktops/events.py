@@ -8,10 +8,13 @@ Mission Control pages (server-sent events, one stream per workspace).
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import asdict, dataclass
 
+import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django_eventstream import send_event
 
@@ -22,6 +25,10 @@ def desktop_group(desktop_id: str) -> str:
 
 def user_group(user_id: int) -> str:
     return f"user.{user_id}"
+
+
+def api_key_group(api_key_id: str) -> str:
+    return f"apikey.{api_key_id}"
 
 
 def workspace_stream(workspace_id: str) -> str:
@@ -58,7 +65,8 @@ class DesktopStateChanged:
 
 @dataclass(frozen=True)
 class AccessChanged:
-    """A user's role in a workspace changed or ended: open sessions must check again."""
+    """A user's role in a workspace changed or ended (or their account or API key did): open relays
+    and event streams must check again, at once."""
 
     user_id: int
     workspace_id: str
@@ -106,4 +114,22 @@ def publish_chat_update(event: ChatUpdated) -> None:
 
 
 def publish_access_change(event: AccessChanged) -> None:
-    transaction.on_commit(lambda: _group_send(user_group(event.user_id), asdict(event)))
+    def send():
+        _group_send(user_group(event.user_id), asdict(event))
+        # The open pages' event streams live in the web processes; each drops the user's if need be.
+        redis_client().publish(ACCESS_CHANNEL, json.dumps(asdict(event)))
+
+    transaction.on_commit(send)
+
+
+def publish_api_key_revoked(api_key_id: str, user_id: int, workspace_id: str) -> None:
+    event = AccessChanged(user_id=user_id, workspace_id=workspace_id)
+    transaction.on_commit(lambda: _group_send(api_key_group(api_key_id), asdict(event)))
+
+
+# The Redis channel on which access changes reach every web process (see missioncontrol.streams).
+ACCESS_CHANNEL = "lebureau.access"
+
+
+def redis_client():
+    return redis.Redis(**settings.EVENTSTREAM_REDIS)

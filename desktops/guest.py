@@ -1,15 +1,18 @@
-"""Reaching inside a desktop over SSH, with its host key pinned on first contact and insisted on after.
-
-The pinning is the domain's (the key lives on the desktop's row); the session itself is the engines'
-shared SSH helper.
+"""Reaching inside a desktop: over SSH, with its host key pinned on first contact and insisted on after
+(the pinning is the domain's, the session the engines' shared SSH helper); and over VNC, with the
+desktop's own passwords, which only the control plane can derive and which the relays use.
 """
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 import paramiko
+from cryptography.hazmat.decrepit.ciphers.algorithms import TripleDES
+from cryptography.hazmat.primitives.ciphers import Cipher, modes
 from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 from desktops.models import Desktop
 from workers.drivers import ssh
@@ -41,3 +44,31 @@ def desktop_ssh_connect(
         on_first_host_key=pin,
         timeout=timeout,
     )
+
+
+# TigerVNC's fixed key for the password file (it obscures the passwords, it does not protect them).
+VNC_FILE_KEY = bytes([23, 82, 107, 6, 35, 78, 88, 7])
+VNC_PASSWORD_FILE = "/etc/bureau/vnc.passwd"  # noqa: S105 (a path, not a secret)
+_VNC_ALPHABET = string.ascii_letters + string.digits
+
+
+def vnc_des(key: bytes, data: bytes) -> bytes:
+    """DES the way VNC uses it (RFC 6143 §7.2.2): the key is eight bytes, each with its bits reversed."""
+    key = bytes(int(f"{b:08b}"[::-1], 2) for b in key[:8].ljust(8, b"\0"))
+    # The same key three times makes triple DES plain DES.
+    encryptor = Cipher(TripleDES(key * 3), modes.ECB()).encryptor()  # noqa: S305 (the protocol's choice)
+    return encryptor.update(data) + encryptor.finalize()
+
+
+def vnc_password(desktop_id: str, mode: str) -> bytes:
+    """The desktop's VNC password for a relay of this mode; only the control plane can derive it.
+
+    VNC authentication uses eight bytes; printable ones, because the server reads them as a C string.
+    """
+    digest = salted_hmac(f"lebureau.vnc.{mode}", desktop_id).digest()
+    return "".join(_VNC_ALPHABET[b % len(_VNC_ALPHABET)] for b in digest[:8]).encode()
+
+
+def vnc_password_file(desktop_id: str) -> bytes:
+    """The desktop's VNC password file: the control password, then the view-only one (TigerVNC's format)."""
+    return b"".join(vnc_des(VNC_FILE_KEY, vnc_password(desktop_id, mode)) for mode in ("control", "view"))

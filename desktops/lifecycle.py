@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -17,8 +19,8 @@ from desktops.audit import SYSTEM, Actor, audit_record
 from desktops.crypto import api_token_hash
 from desktops.engines import engine, engines_in_use
 from desktops.events import DesktopStateChanged, publish_state_change
-from desktops.guest import control_plane_public_key
-from desktops.models import AuditEvent, Desktop, DesktopEvent
+from desktops.guest import VNC_PASSWORD_FILE, control_plane_public_key, vnc_password_file
+from desktops.models import AuditEvent, Desktop, DesktopEvent, Workspace
 from desktops.models import DesktopState as S
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState
 
@@ -102,10 +104,38 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
         ssh_public_key=control_plane_public_key(),
         image_profile=desktop.image_profile,
         workspace=desktop.workspace_id,
-        # The `bureau` helper's desktop-scoped credential for the control plane's callback API.
-        files={AGENT_TOKEN_PATH: token + "\n"},
+        files={
+            # The `bureau` helper's desktop-scoped credential for the control plane's guest endpoint.
+            AGENT_TOKEN_PATH: token + "\n",
+            # The VNC server's passwords, which only the relays (deriving them) know besides it.
+            VNC_PASSWORD_FILE: vnc_password_file(desktop.id),
+        },
     )
     return spec, api_token_hash(token)
+
+
+def desktop_step_slot(*, desktop_id: str, seconds: float) -> bool:
+    """Take one of the workspace's slots for a step on this desktop, for at most `seconds`.
+
+    False when the workspace already has LIFECYCLE_STEPS_PER_WORKSPACE steps under way: the step
+    waits its turn without holding a worker, and other workspaces' steps go first meanwhile.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        workspace_id = Desktop.objects.filter(id=desktop_id).values_list("workspace_id", flat=True).first()
+        if workspace_id is None:
+            return True  # nothing left to do: the step finds out and ends
+        # Slots in one workspace are taken in turn, on its row.
+        Workspace.objects.select_for_update().filter(id=workspace_id).exists()
+        busy = Desktop.objects.filter(workspace_id=workspace_id, step_until__gt=now).exclude(id=desktop_id)
+        if busy.count() >= settings.LIFECYCLE_STEPS_PER_WORKSPACE:
+            return False
+        Desktop.objects.filter(id=desktop_id).update(step_until=now + timedelta(seconds=seconds))
+    return True
+
+
+def desktop_step_slot_free(*, desktop_id: str) -> None:
+    Desktop.objects.filter(id=desktop_id).update(step_until=None)
 
 
 def desktop_progress(desktop: Desktop, step: str) -> None:

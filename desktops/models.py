@@ -36,6 +36,13 @@ class Workspace(models.Model):
         default=DEFAULT_AGENT_COMMAND,
         help_text="Run in a desktop for each chat message; {session} and {message} are filled in, quoted.",
     )
+    # Who may take control of a desktop (its screen, terminal and agent) and so read what is in it,
+    # the workspace's LLM keys included: never viewers; members by default.
+    control_role = models.CharField(
+        max_length=10,
+        choices=[(r.value, r.label) for r in (Role.MEMBER, Role.ADMIN, Role.OWNER)],
+        default=Role.MEMBER,
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -118,6 +125,9 @@ class Desktop(models.Model):
     private_ip = models.GenericIPAddressField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     progress = models.CharField(max_length=20, blank=True, help_text="The provision step under way")
+    # Set while a worker carries out a step for it (until the step's time limit at the latest): the
+    # workspace's steps under way are counted from it, so that one workspace cannot fill the queue.
+    step_until = models.DateTimeField(null=True, blank=True)
     ssh_host_key = models.TextField(blank=True, help_text="Pinned on first contact, checked after")
     agent_token_hash = models.CharField(max_length=64, blank=True, help_text="HMAC of the helper's token")
     image = models.JSONField(default=dict, blank=True, help_text="The golden image it was made from")
@@ -292,3 +302,40 @@ class ChatMessage(models.Model):
 
     def __str__(self):
         return f"{self.author} on {self.desktop_id}: {self.content[:40]}"
+
+
+class RelayTicket(models.Model):
+    """One relay (screen or terminal) a person may open once: minted by the API, claimed by the relay.
+
+    Only a hash of the ticket is kept. It is bound to what minted it (a browser session or an API
+    key) and opens exactly one relay; the row then records that relay until it closes.
+    """
+
+    class Kind(models.TextChoices):
+        VNC = "vnc"
+        TERMINAL = "terminal"
+
+    class Mode(models.TextChoices):
+        VIEW = "view"
+        CONTROL = "control"
+
+    id = PublicIdField("rly")
+    ticket_hash = models.CharField(max_length=64, unique=True)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    mode = models.CharField(max_length=10, choices=Mode.choices)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="relay_tickets")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    session_hash = models.CharField(max_length=64, blank=True, help_text="Hash of the minting session's key")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    opened_at = models.DateTimeField(null=True, blank=True)
+    # Refreshed by the open relay; a relay whose process died stops counting once this is stale.
+    seen_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "closed_at", "seen_at"])]
+
+    def __str__(self):
+        return f"{self.kind} {self.mode} relay of {self.desktop_id} for user {self.user_id}"

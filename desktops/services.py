@@ -17,7 +17,7 @@ from desktops import crypto
 from desktops.audit import Actor, audit_record
 from desktops.engines import engine_for_new_desktops
 from desktops.errors import Conflict, Invalid, NotFound
-from desktops.events import AccessChanged, publish_access_change
+from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
 from desktops.lifecycle import TRANSITIONS, transition
 from desktops.models import (
     DEFAULT_AGENT_COMMAND,
@@ -355,7 +355,12 @@ def api_key_create(
 
 def api_key_revoke(*, actor: Actor, workspace_id: str, key_id: str) -> None:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    workspace.api_keys.filter(id=key_id, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    key = workspace.api_keys.filter(id=key_id, revoked_at__isnull=True).first()
+    if key is None:
+        return
+    ApiKey.objects.filter(id=key.id).update(revoked_at=timezone.now())
+    # Relays the key opened close now, not when their next check comes.
+    publish_api_key_revoked(key.id, key.created_by_id, workspace.id)
     audit_record(actor=actor, action="api_key.revoke", workspace_id=workspace.id, target=key_id)
 
 

@@ -33,7 +33,7 @@ install -d -m 755 "$ROOTFS/etc/bureau"
 install -m 755 "$HERE/guest/bureau" "$ROOTFS/usr/local/bin/bureau"
 
 # The graphical session: Xvnc on :0 / TCP 5900 as the agent user, then the profile's session.
-# No VNC password: 5900 is reachable only from the control plane (nftables on the host).
+# VNC authentication with the desktop's own passwords (/etc/bureau/vnc.passwd, written at provision).
 install -d -m 755 "$ROOTFS/usr/local/lib/bureau"
 install -m 755 "$HERE/guest/vnc-session" "$HERE/guest/terminal" "$ROOTFS/usr/local/lib/bureau/"
 echo "$PROFILE" >"$ROOTFS/etc/bureau/profile"

@@ -8,13 +8,15 @@ django_asgi_app = get_asgi_application()
 # Imported once Django is set up.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.sessions import CookieMiddleware  # noqa: E402
 
 from proxies.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        # Relays authenticate by their session token; the origin check stops other sites' pages.
-        "websocket": AllowedHostsOriginValidator(URLRouter(websocket_urlpatterns)),
+        # Relays authenticate by a single-use ticket, bound to the browser session (its cookie) that
+        # minted it; the origin check stops other sites' pages.
+        "websocket": AllowedHostsOriginValidator(CookieMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -148,6 +148,13 @@ LLM_KEY_ENCRYPTION_KEYS = env.list("LLM_KEY_ENCRYPTION_KEYS", validate=validate.
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", "lebureau")
+# Following agent turns has a queue and workers of its own (a thread pool: a turn mostly waits), so
+# however long the turns, lifecycle steps never wait behind them.
+CELERY_CHAT_QUEUE = env.str("CELERY_CHAT_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}-chat")
+CELERY_TASK_ROUTES = {
+    "workers.tasks.chat_deliver": {"queue": CELERY_CHAT_QUEUE},
+    "workers.tasks.chat_follow": {"queue": CELERY_CHAT_QUEUE},
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -160,6 +167,10 @@ CELERY_BEAT_SCHEDULE = {
 # worker picks it up (the turn itself keeps running in the desktop meanwhile).
 CHAT_TURN_TIMEOUT = env.int("CHAT_TURN_TIMEOUT", 24 * 3600)
 CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
+# One workspace never takes more than these worker slots, so no tenant can fill a queue: turns
+# followed at once, and lifecycle steps (create, start, stop…) carried out at once.
+CHAT_TURNS_PER_WORKSPACE = env.int("CHAT_TURNS_PER_WORKSPACE", 4)
+LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",
     "schedule": CHAT_STALE_AFTER / 2,
@@ -199,8 +210,10 @@ CONTROL_PLANE_SSH_KEY = env.path("CONTROL_PLANE_SSH_KEY", BASE_DIR / "var" / "ss
 # Transient driver errors are retried with exponential backoff, this many times, waiting at most this long.
 DRIVER_RETRY_MAX = env.int("DRIVER_RETRY_MAX", 6)
 DRIVER_RETRY_BACKOFF_MAX = env.int("DRIVER_RETRY_BACKOFF_MAX", 60)
-# Relays: a session token opens a VNC or terminal relay within this many seconds of being minted.
+# Relays: a ticket opens one VNC or terminal relay within this many seconds of being minted; a person
+# keeps at most this many relays open at once.
 RELAY_TOKEN_MAX_AGE = env.int("RELAY_TOKEN_MAX_AGE", 60)
+RELAY_MAX_PER_USER = env.int("RELAY_MAX_PER_USER", 8)
 # What the relays dial inside a desktop.
 DESKTOP_VNC_PORT = env.int("DESKTOP_VNC_PORT", 5900)
 DESKTOP_SSH_PORT = env.int("DESKTOP_SSH_PORT", 22)

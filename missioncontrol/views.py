@@ -26,6 +26,7 @@ from desktops.events import workspace_stream
 from desktops.models import DesktopState, Role
 from desktops.selectors import role_in
 from missioncontrol import forms
+from missioncontrol.streams import watched
 
 LIVE_STATES = {DesktopState.RUNNING}
 PAGE_SIZE = 100
@@ -195,7 +196,7 @@ def desktop(request, desktop_id):
         request,
         "missioncontrol/desktop.html",
         desktop=found,
-        can_control=request.role.rank >= Role.MEMBER.rank,
+        can_control=request.role.rank >= Role(found.workspace.control_role).rank,
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
         usage=desktop_resource_usage(found),
         cost=desktop_cost_so_far(found),
@@ -213,7 +214,10 @@ def workspace_events(request, workspace_id):
         return HttpResponseForbidden("Not a member of this workspace.")
     request.user.pk  # noqa: B018  (load the user now: the stream must not need the database)
     connection.close()  # an open page must not hold a database connection for as long as it is open
-    return eventstream_events(request, channels=[workspace_stream(workspace_id)])
+    response = eventstream_events(request, channels=[workspace_stream(workspace_id)])
+    if response.streaming:
+        response.streaming_content = watched(response.streaming_content)
+    return response
 
 
 # Settings

@@ -1,8 +1,10 @@
 """Browser <-> desktop relays. No desktop port is ever exposed: the control plane dials it.
 
-Each relay checks its token before touching the desktop, joins the desktop's and
-the user's groups, and closes with a clear code when the desktop stops running or
-the user loses access.
+Each relay claims its single-use ticket (sent as a WebSocket subprotocol, never in the URL) before
+touching the desktop, joins the groups through which it can be told to close (the desktop's, its
+user's, its API key's), reports itself alive, and closes with a clear code when the desktop stops
+running or its user loses access. The screen relay speaks RFB to both sides itself (``proxies.rfb``);
+the terminal relay reads its shell in a thread of its own, so no relay can hold up another.
 """
 
 from __future__ import annotations
@@ -10,59 +12,112 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs
 
 import paramiko
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import close_old_connections
+from django.utils.translation import gettext as _
 from websockets.exceptions import InvalidHandshake
 
 from desktops.engines import desktop_console
 from desktops.errors import Unavailable
-from desktops.events import desktop_group, user_group
-from desktops.guest import desktop_ssh_connect
-from proxies.console import ConsoleRefused, ConsoleScreen
-from proxies.rfb import ClientStreamFilter, RfbViolation
-from proxies.sessions import Mode, RelayDenied, relay_grant_check, relay_grant_recheck
+from desktops.events import api_key_group, desktop_group, user_group
+from desktops.guest import desktop_ssh_connect, vnc_password
+from desktops.relays import (
+    HEARTBEAT_SECONDS,
+    Kind,
+    Mode,
+    RelayDenied,
+    relay_closed,
+    relay_grant_recheck,
+    relay_seen,
+    relay_ticket_claim,
+)
+from proxies.console import ConsoleStream
+from proxies.rfb import (
+    BrowserHandshake,
+    ClientMessages,
+    RfbReader,
+    RfbViolation,
+    ServerRefused,
+    server_handshake,
+)
 
 logger = logging.getLogger(__name__)
-CHUNK = 256 * 1024
+# The ticket rides in Sec-WebSocket-Protocol (never in a URL that proxies log): "lebureau.ticket.<ticket>".
+TICKET_PROTOCOL = "lebureau.ticket."
+# The subprotocol the relay answers with: noVNC's own, or ours.
+ANSWERED_PROTOCOLS = ("binary", "lebureau.relay")
+
+
+def stop(pump: asyncio.Task | None) -> None:
+    """Stop a relay's pump, unless it is the pump itself that is closing the relay."""
+    if pump is not None and pump is not asyncio.current_task():
+        pump.cancel()
 
 
 class RelayConsumer(AsyncWebsocketConsumer):
-    """Token checks, forced disconnects and teardown shared by both relays."""
+    """Ticket checks, forced disconnects, heartbeats and teardown shared by both relays."""
 
+    kind = ""
     grant = None
     backend_open = False
+    denied = False
     groups_joined: tuple[str, ...] = ()
+    heartbeat = None
 
     async def connect(self):
         desktop_id = self.scope["url_route"]["kwargs"]["desktop_id"]
         self.query = {k: v[0] for k, v in parse_qs(self.scope["query_string"].decode()).items()}
+        offered = self.scope.get("subprotocols", [])
+        ticket = next((p.removeprefix(TICKET_PROTOCOL) for p in offered if p.startswith(TICKET_PROTOCOL)), "")
         # Accept first so the refusal can carry a close code and a reason the page can show.
-        await self.accept()
+        await self.accept(subprotocol=next((p for p in ANSWERED_PROTOCOLS if p in offered), None))
+        session_key = self.scope.get("cookies", {}).get(settings.SESSION_COOKIE_NAME, "")
         try:
-            self.grant, host = await database_sync_to_async(relay_grant_check)(
-                token=self.query.get("token", ""), desktop_id=desktop_id
+            self.grant, host = await database_sync_to_async(relay_ticket_claim)(
+                ticket=ticket, desktop_id=desktop_id, kind=self.kind, session_key=session_key
             )
             await self.open_backend(host)
         except RelayDenied as denied:
             await self.deny(denied)
             return
         self.backend_open = True
-        self.groups_joined = (desktop_group(desktop_id), user_group(self.grant.user_id))
+        groups = [desktop_group(desktop_id), user_group(self.grant.user_id)]
+        if self.grant.api_key_id:
+            groups.append(api_key_group(self.grant.api_key_id))
+        self.groups_joined = tuple(groups)
         for group in self.groups_joined:
             await self.channel_layer.group_add(group, self.channel_name)
+        self.heartbeat = asyncio.create_task(self._beat())
 
     async def disconnect(self, code):
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
+        if self.grant is not None:
+            await database_sync_to_async(relay_closed)(self.grant)
         if self.backend_open:  # a relay refused before its backend opened has nothing to close
             await self.close_backend()
 
     async def deny(self, denied: RelayDenied):
+        # The desktop side goes first: a client that ignores the close must not be heard any more.
+        self.denied = True
+        if self.backend_open:
+            self.backend_open = False
+            await self.close_backend()
         await self.close(code=denied.code, reason=denied.reason)
+
+    async def _beat(self):
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await database_sync_to_async(relay_seen)(self.grant)
 
     @property
     def may_control(self) -> bool:
@@ -72,7 +127,7 @@ class RelayConsumer(AsyncWebsocketConsumer):
 
     async def desktop_state(self, event):
         if event["state"] != "running":
-            await self.deny(RelayDenied(4409, f"The desktop is {event['state']}."))
+            await self.deny(RelayDenied(4409, _("The desktop is %(state)s.") % {"state": event["state"]}))
 
     async def access_changed(self, event):
         try:
@@ -125,50 +180,141 @@ class VncRelayConsumer(RelayConsumer):
     """noVNC's RFB over a WebSocket <-> the desktop's VNC server over TCP, or, when that does not
     answer, the VM's console through its engine (``proxies.console``)."""
 
+    kind = Kind.VNC
+
     async def open_backend(self, host):
         loop = asyncio.get_running_loop()
+        desktop_id = self.grant.desktop_id
+        refused = RelayDenied(4503, _("The desktop's screen refused the relay."))
         try:
-            _, self.screen = await asyncio.wait_for(
+            _transport, self.screen = await asyncio.wait_for(
                 loop.create_connection(_DesktopScreen, host, settings.DESKTOP_VNC_PORT), timeout=5
             )
+            # The view-only password makes the desktop's own server refuse a viewer's input too.
+            password = vnc_password(desktop_id, self.grant.mode)
         except (OSError, TimeoutError):
-            self.screen = await self._engine_console()
-        self.rfb = ClientStreamFilter(allow_input=self.may_control)
-        self.pump = asyncio.create_task(self._desktop_to_browser())
+            self.screen, password = await self._engine_console(desktop_id)
+            refused = RelayDenied(4503, _("The desktop's console refused the relay."))
+        reader = RfbReader(self.screen.next_chunk)
+        try:
+            server_init = await asyncio.wait_for(server_handshake(reader, self.screen.write, password), 10)
+        except (ServerRefused, TimeoutError) as exc:
+            await self.screen.close()
+            logger.warning("the screen of %s refused the relay: %s", desktop_id, exc)
+            raise refused from exc
+        self.pending = reader.rest()
+        self.pump = None
+        self.browser = BrowserHandshake(lambda data: self.send(bytes_data=data), server_init)
+        self.messages = ClientMessages(allow_input=self.may_control)
+        await self.browser.start()
 
-    async def _engine_console(self) -> ConsoleScreen:
-        desktop_id = self.grant.desktop_id
+    async def _engine_console(self, desktop_id: str) -> tuple[ConsoleStream, bytes]:
         try:
             # Not the shared sync thread: the engine may take a while to answer.
             ticket = await database_sync_to_async(desktop_console, thread_sensitive=False)(
                 desktop_id=desktop_id
             )
-            return await ConsoleScreen.open(ticket, lambda data: self.send(bytes_data=data))
-        except ConsoleRefused as exc:
+            return await ConsoleStream.open(ticket), ticket.password.encode("latin-1")
+        except ServerRefused as exc:
             logger.warning("the console of %s refused the relay: %s", desktop_id, exc)
-            raise RelayDenied(4503, "The desktop's console refused the relay.") from exc
+            raise RelayDenied(4503, _("The desktop's console refused the relay.")) from exc
         except (Unavailable, OSError, TimeoutError, InvalidHandshake) as exc:
             # Engines without a console of their own (LXC) end here too.
-            raise RelayDenied(4502, "The desktop's screen is not answering.") from exc
+            raise RelayDenied(4502, _("The desktop's screen is not answering.")) from exc
 
     async def _desktop_to_browser(self):
+        if self.pending:
+            await self.send(bytes_data=self.pending)
         while data := await self.screen.next_chunk():
             await self.send(bytes_data=data)
-        await self.deny(RelayDenied(4502, "The desktop closed its screen."))
+        await self.deny(RelayDenied(4502, _("The desktop closed its screen.")))
 
     async def receive(self, text_data=None, bytes_data=None):
-        if bytes_data is None:
+        if bytes_data is None or self.denied:
             return
         try:
-            data = self.rfb.feed(bytes_data)
+            if not self.browser.done:
+                bytes_data = await self.browser.feed(bytes_data)
+                if not self.browser.done:
+                    return
+                if self.pump is None:
+                    # The screen's updates flow once the browser has its ServerInit.
+                    self.pump = asyncio.create_task(self._desktop_to_browser())
+            data = self.messages.feed(bytes_data)
             if data:
                 await self.screen.write(data)
         except RfbViolation as exc:
-            await self.deny(RelayDenied(4400, f"Not a VNC message the relay accepts: {exc}."))
+            await self.deny(
+                RelayDenied(4400, _("Not a VNC message the relay accepts: %(why)s.") % {"why": exc})
+            )
 
     async def close_backend(self):
-        self.pump.cancel()
+        stop(self.pump)
         await self.screen.close()
+
+
+class _Shell:
+    """One terminal's SSH shell, read by a thread of its own: a stalled desktop holds only its relay.
+
+    The thread hands output to the event loop and counts what the page has not acknowledged yet:
+    past ``high`` bytes it stops reading until acknowledgements bring that under ``low``. Everything
+    else (opening, typing, resizing, closing) runs on the relay's own single worker thread.
+    """
+
+    # SSH packets carry at most 32 KiB: reading more at once only lets the count overshoot.
+    READ = 32 * 1024
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, output: asyncio.Queue[bytes], high: int, low: int):
+        self.loop, self.output, self.high, self.low = loop, output, high, low
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="terminal")
+        self.unacked = 0
+        self.lock = threading.Lock()
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.stopped = threading.Event()
+        self.ssh = self.channel = None
+
+    async def run(self, function, *args):
+        return await self.loop.run_in_executor(self.worker, function, *args)
+
+    def open(self, desktop_id: str, host: str, cols: int, rows: int) -> None:
+        try:
+            self.ssh = desktop_ssh_connect(desktop_id=desktop_id, host=host, timeout=10)
+            self.channel = self.ssh.invoke_shell(term="xterm-256color", width=cols, height=rows)
+        finally:
+            close_old_connections()  # this thread's database connection is not needed again
+        # Wakes the reader regularly, so it notices a close even when the shell says nothing.
+        self.channel.settimeout(1.0)
+        threading.Thread(target=self._read, name="terminal-reader", daemon=True).start()
+
+    def acknowledged(self, count: int) -> None:
+        with self.lock:
+            self.unacked = max(0, self.unacked - count)
+            if self.unacked < self.low:
+                self.flowing.set()
+
+    def _read(self) -> None:
+        while not self.stopped.is_set():
+            if not self.flowing.wait(timeout=1.0):
+                continue
+            try:
+                data = self.channel.recv(self.READ)
+            except TimeoutError:
+                continue
+            except (OSError, paramiko.SSHException):
+                data = b""
+            with self.lock:
+                self.unacked += len(data)
+                if self.unacked > self.high:
+                    self.flowing.clear()
+            self.loop.call_soon_threadsafe(self.output.put_nowait, data)
+            if not data:
+                return
+
+    def close(self) -> None:
+        self.stopped.set()
+        if self.ssh is not None:
+            self.ssh.close()
 
 
 class TerminalRelayConsumer(RelayConsumer):
@@ -180,55 +326,45 @@ class TerminalRelayConsumer(RelayConsumer):
     SSH's window fills and the shell itself waits: nothing piles up in between.
     """
 
+    kind = Kind.TERMINAL
     HIGH_WATER = 512 * 1024
     LOW_WATER = 128 * 1024
 
     async def open_backend(self, host):
         cols, rows = int(self.query.get("cols", 80)), int(self.query.get("rows", 24))
+        self.output: asyncio.Queue[bytes] = asyncio.Queue()
+        self.shell = _Shell(asyncio.get_running_loop(), self.output, self.HIGH_WATER, self.LOW_WATER)
         try:
-            self.ssh, self.channel = await database_sync_to_async(self._open_shell)(host, cols, rows)
+            await self.shell.run(self.shell.open, self.grant.desktop_id, host, cols, rows)
         except (paramiko.SSHException, OSError) as exc:
-            raise RelayDenied(4502, "The desktop's terminal is not answering.") from exc
-        self.unacked = 0
-        self.flowing = asyncio.Event()
-        self.flowing.set()
+            await self.shell.run(self.shell.close)
+            raise RelayDenied(4502, _("The desktop's terminal is not answering.")) from exc
         self.pump = asyncio.create_task(self._desktop_to_browser())
 
-    def _open_shell(self, host, cols, rows):
-        ssh = desktop_ssh_connect(desktop_id=self.grant.desktop_id, host=host)
-        channel = ssh.invoke_shell(term="xterm-256color", width=cols, height=rows)
-        return ssh, channel
-
     async def _desktop_to_browser(self):
-        while True:
-            await self.flowing.wait()
-            data = await asyncio.to_thread(self.channel.recv, CHUNK)
-            if not data:
-                break
-            self.unacked += len(data)
-            if self.unacked > self.HIGH_WATER:
-                self.flowing.clear()
+        while data := await self.output.get():
             await self.send(bytes_data=data)
-        await self.deny(RelayDenied(4502, "The terminal session ended."))
+        await self.deny(RelayDenied(4502, _("The terminal session ended.")))
 
     async def receive(self, text_data=None, bytes_data=None):
+        if self.denied:
+            return
         try:
             message = json.loads(text_data or "")
             kind = message["type"]
             if kind == "input" and self.may_control:
-                await asyncio.to_thread(self.channel.sendall, str(message["data"]).encode())
+                await self.shell.run(self.shell.channel.sendall, str(message["data"]).encode())
             elif kind == "resize":
                 cols, rows = int(message["cols"]), int(message["rows"])
-                await asyncio.to_thread(self.channel.resize_pty, width=cols, height=rows)
+                await self.shell.run(lambda: self.shell.channel.resize_pty(width=cols, height=rows))
             elif kind == "ack":
-                self.unacked = max(0, self.unacked - int(message["bytes"]))
-                if self.unacked < self.LOW_WATER:
-                    self.flowing.set()
+                self.shell.acknowledged(int(message["bytes"]))
         except (ValueError, KeyError, TypeError):
             await self.deny(
-                RelayDenied(4400, "Terminal messages are JSON objects with a type and its fields.")
+                RelayDenied(4400, _("Terminal messages are JSON objects with a type and its fields."))
             )
 
     async def close_backend(self):
-        self.pump.cancel()
-        await asyncio.to_thread(self.ssh.close)
+        stop(self.pump)
+        await self.shell.run(self.shell.close)
+        self.shell.worker.shutdown(wait=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from desktops.guest import vnc_password
 from desktops.models import Desktop
 from tests.conftest import LXC_IMAGE, LXC_TEST_SETTINGS
 from tests.support.desktops import act, provision, run, wait_for_state
@@ -44,7 +45,7 @@ def test_a_desktop_from_the_api_runs_with_ssh_vnc_and_its_helper(lxc_api):
     assert desktop.id in status and "token:    present" in status
     assert Desktop.objects.get(id=desktop.id).ssh_host_key.startswith("ssh-ed25519 ")
 
-    _, _, drawn, colours = wait_for_a_drawn_screen(desktop.private_ip)
+    _, _, drawn, colours = wait_for_a_drawn_screen(desktop.private_ip, vnc_password(desktop.id, "view"))
     assert drawn > 0.05 and colours >= 16, "the desktop's screen is blank"
 
 

@@ -43,9 +43,20 @@ SSH_TRANSIENT = (
 )
 
 
+# How long a step whose workspace has all its slots busy waits before it asks again.
+SLOT_WAIT = 2
+
+
 def _step_task(action: str):
     def run(self, *, desktop_id: str) -> None:
-        up = lifecycle.desktop_run_step(desktop_id=desktop_id, action=action)
+        if not lifecycle.desktop_step_slot(desktop_id=desktop_id, seconds=TIME_LIMITS[action] + 30):
+            # A fresh copy, later; this worker slot goes to another workspace's step meanwhile.
+            self.apply_async(kwargs={"desktop_id": desktop_id}, countdown=SLOT_WAIT)
+            return
+        try:
+            up = lifecycle.desktop_run_step(desktop_id=desktop_id, action=action)
+        finally:
+            lifecycle.desktop_step_slot_free(desktop_id=desktop_id)
         if up and action in CONFIGURE_AFTER:
             agent_configure.delay(desktop_id=desktop_id)
 
@@ -127,9 +138,11 @@ def chat_deliver(*, desktop_id: str) -> None:
     name="workers.tasks.chat_follow", acks_late=False, soft_time_limit=settings.CHAT_TURN_TIMEOUT + 60
 )
 def chat_follow(*, message_id: str, follower: str) -> None:
-    desktop_id = chat.chat_follow(message_id=message_id, follower=follower)
-    if desktop_id:
-        chat_deliver.delay(desktop_id=desktop_id)  # the next message, if one waits
+    workspace_id = chat.chat_follow(message_id=message_id, follower=follower)
+    if workspace_id:
+        # The turn's slot is free: the next message of its desktop, or of another in the workspace.
+        for desktop_id in chat.chat_waiting(workspace_id=workspace_id):
+            chat_deliver.delay(desktop_id=desktop_id)
 
 
 @shared_task(name="workers.tasks.chat_resume", acks_late=True, soft_time_limit=60)

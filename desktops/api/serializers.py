@@ -185,21 +185,27 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 
 class RelaySessionRequestSerializer(serializers.Serializer):
-    mode = serializers.ChoiceField(choices=["view", "control"], default="control")
+    mode = serializers.ChoiceField(choices=["view", "control"], default="view")
 
 
 class RelaySessionSerializer(serializers.Serializer):
-    token = serializers.CharField()
     mode = serializers.CharField()
     expires_at = serializers.DateTimeField(help_text="Open the relays before this; they then stay open.")
     vnc_url = serializers.SerializerMethodField()
+    vnc_ticket = serializers.CharField(
+        source="vnc",
+        help_text="Opens the screen relay once: send it as the WebSocket subprotocol lebureau.ticket.<it>.",
+    )
     terminal_url = serializers.SerializerMethodField()
+    terminal_ticket = serializers.CharField(
+        source="terminal", help_text="Opens the terminal relay once, the same way."
+    )
 
-    def get_vnc_url(self, session) -> str:
-        return f"/ws/desktops/{self.context['desktop_id']}/vnc?token={session.token}"
+    def get_vnc_url(self, tickets) -> str:
+        return f"/ws/desktops/{self.context['desktop_id']}/vnc"
 
-    def get_terminal_url(self, session) -> str:
-        return f"/ws/desktops/{self.context['desktop_id']}/terminal?token={session.token}"
+    def get_terminal_url(self, tickets) -> str:
+        return f"/ws/desktops/{self.context['desktop_id']}/terminal"
 
 
 class ChatSendSerializer(serializers.Serializer):

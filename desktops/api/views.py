@@ -12,7 +12,7 @@ from desktops.api import serializers as s
 from desktops.audit import Actor, audit_record
 from desktops.errors import Forbidden
 from desktops.models import DesktopState, Role
-from proxies.sessions import relay_session_create
+from desktops.relays import relay_tickets_mint
 
 
 class WorkspaceQuery(serializers.Serializer):
@@ -148,10 +148,17 @@ class DesktopViewSet(ApiViewSet):
     @extend_schema(request=s.RelaySessionRequestSerializer, responses={201: s.RelaySessionSerializer})
     @action(detail=True, methods=["post"])
     def sessions(self, request, pk):
-        """Mint a short-lived token opening the desktop's VNC and terminal relays."""
+        """Mint single-use tickets opening the desktop's screen and terminal relays, in one mode."""
+        desktop = self._desktop(pk)
         mode = self.valid(s.RelaySessionRequestSerializer, request.data)["mode"]
-        session = relay_session_create(actor=self.actor, desktop_id=self._desktop(pk).id, mode=mode)
-        return Response(s.RelaySessionSerializer(session, context={"desktop_id": pk}).data, status=201)
+        # A ticket minted from a browser session opens a relay from that session only.
+        session_key = "" if self.actor.api_key else request.session.session_key
+        tickets = relay_tickets_mint(
+            actor=self.actor, desktop_id=desktop.id, mode=mode, session_key=session_key
+        )
+        return Response(
+            s.RelaySessionSerializer(tickets, context={"desktop_id": desktop.id}).data, status=201
+        )
 
     def _desktop(self, pk, minimum=Role.VIEWER):
         return self.scoped(selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum))

@@ -22,10 +22,11 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from desktops.guest import VNC_PASSWORD_FILE, vnc_password, vnc_password_file
 from tests.drivers.contract import DriverContract
 from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
-from workers.drivers.lxc import LxcConfig, LxcDriver
+from workers.drivers.lxc import LxcConfig, LxcDriver, network
 
 IMAGES_DIR = Path(os.environ.get("LEBUREAU_IMAGES_DIR", "/var/lib/lebureau/images"))
 TEST_ROOT = Path("/var/lib/lebureau/test")
@@ -90,7 +91,7 @@ def _spec(client_key, **overrides) -> InstanceSpec:
         "memory_mib": 512,
         "disk_gib": 2,
         "ssh_public_key": f"{client_key.get_name()} {client_key.get_base64()} lebureau-tests",
-        "files": {"/etc/bureau/token": TOKEN},
+        "files": {"/etc/bureau/token": TOKEN, VNC_PASSWORD_FILE: vnc_password_file(key)},
     }
     values.update(overrides)
     return InstanceSpec(**values)
@@ -121,12 +122,17 @@ def desktops(lxc_driver, client_key):
         lxc_driver.destroy(key)
 
 
-def ssh(ip: str, client_key, command: str, user: str = "agent", timeout: float = 60) -> tuple[int, str, str]:
+def ssh(
+    ip: str, client_key, command: str, user: str = "agent", timeout: float = 60, stdin: str = ""
+) -> tuple[int, str, str]:
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # noqa: S507 (fresh test desktops)
     client.connect(ip, username=user, pkey=client_key, timeout=10, allow_agent=False, look_for_keys=False)
     try:
-        _, stdout, stderr = client.exec_command(command, timeout=timeout)
+        channel_in, stdout, stderr = client.exec_command(command, timeout=timeout)
+        if stdin:
+            channel_in.write(stdin)
+        channel_in.channel.shutdown_write()
         code = stdout.channel.recv_exit_status()
         return code, stdout.read().decode(), stderr.read().decode()
     finally:
@@ -178,8 +184,9 @@ PROBE = 'python3 -c "import socket,sys; socket.create_connection((sys.argv[1], i
 
 
 @pytest.fixture
-def host_listener():
+def host_listener(lxc_driver):
     """A TCP server on the host's bridge address, the port desktops are allowed to open."""
+    network.ensure_bridge(TEST_CONFIG.bridge, TEST_CONFIG.subnet)
     server = socket.create_server((GATEWAY, HOST_PORT))
     server.settimeout(15)
     accepted = []
@@ -320,9 +327,15 @@ def test_containers_are_unprivileged(desktops, client_key):
     assert (inside, outside) == ("0", "100000")
 
 
+# Addresses the `outside` namespace answers on: a stand-in for the internet, and what no desktop may
+# ever reach whatever its policy (a cloud's metadata service, the host's neighbours' private networks).
+INTERNET = "203.0.113.80"
+NEVER = ("169.254.169.254", "10.77.0.5", "172.16.9.9", "192.168.77.7", "100.64.3.3")
+
+
 @pytest.fixture
 def outside():
-    """A network namespace standing for the internet, reached from desktops through the host's routing."""
+    """A network namespace standing for the world beyond the host, reached through the host's routing."""
     ns, link = "lbtest-outside", "lbtout0"
 
     def ip(*args):
@@ -335,15 +348,20 @@ def outside():
     ip("addr", "add", "10.216.0.1/30", "dev", link)
     ip("link", "set", link, "up")
     ip("-n", ns, "addr", "add", "10.216.0.2/30", "dev", "eth0")
+    for address in (INTERNET, *NEVER):
+        ip("-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
+        ip("route", "add", f"{address}/32", "via", "10.216.0.2")
     ip("-n", ns, "link", "set", "eth0", "up")
     ip("-n", ns, "route", "add", "default", "via", "10.216.0.1")
     server = subprocess.Popen(
         ["ip", "netns", "exec", ns, sys.executable, "-c", OUTSIDE_SERVER], stdout=subprocess.PIPE, text=True
     )
     assert server.stdout.readline().strip() == "listening"
-    yield "10.216.0.2"
+    yield INTERNET
     server.kill()
     server.wait()
+    for address in (INTERNET, *NEVER):
+        subprocess.run(["ip", "route", "del", f"{address}/32"], capture_output=True)
     subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     subprocess.run(["ip", "link", "del", link], capture_output=True)
 
@@ -398,8 +416,8 @@ def test_bad_keys_and_missing_images_fail_permanently(lxc_driver, client_key):
 
 
 def test_vnc_serves_a_screen_with_the_session_on_it(desktops):
-    _, status = desktops()
-    width, height, drawn, colours = wait_for_a_drawn_screen(status.private_ip)
+    spec, status = desktops()
+    width, height, drawn, colours = wait_for_a_drawn_screen(status.private_ip, vnc_password(spec.key, "view"))
     assert (width, height) == (1280, 800)
     assert drawn > 0.05, f"only {drawn:.1%} of the screen differs from the background: no session on it"
     assert colours >= 16, f"the screen has {colours} colours: no window with text on it"
@@ -422,3 +440,87 @@ def test_full_profile_has_the_agent_runtime_and_xfce(desktops, client_key):
     while ssh(status.private_ip, client_key, "pgrep -x xfce4-panel")[0] != 0:
         assert time.monotonic() < deadline, "the XFCE panel did not start"
         time.sleep(1)
+
+
+# Isolation: what a desktop's root must never reach, whatever the desktop's egress policy
+
+
+def test_link_local_metadata_and_private_networks_stay_out_of_reach_in_every_policy(
+    lxc_driver, desktops, client_key, outside
+):
+    spec, status = desktops()
+
+    def reaches(address: str) -> bool:
+        return ssh(status.private_ip, client_key, PROBE.format(address, 8080), user="root")[0] == 0
+
+    for address in NEVER:
+        assert socket.create_connection((address, 8080), 3), f"the host does not reach {address}"
+    policies = [
+        NetworkPolicy(),
+        NetworkPolicy(allow_internet=False, allowed_cidrs=tuple(f"{a}/32" for a in (outside, *NEVER))),
+    ]
+    for policy in policies:
+        lxc_driver.apply_network_policy(spec.key, policy)
+        assert reaches(outside), "the probe works: the same desktop reaches the stand-in for the internet"
+        reached = [address for address in NEVER if reaches(address)]
+        assert not reached, f"a desktop reached {reached} with {policy}"
+
+
+def test_the_control_planes_web_port_is_closed_to_desktops(desktops, client_key):
+    """Desktops once reached the control plane's pages, API and admin on the host's web port."""
+    _, status = desktops()
+    with socket.create_server((GATEWAY, 8000)) as pages:
+        pages.settimeout(5)
+        assert ssh(status.private_ip, client_key, PROBE.format(GATEWAY, 8000), user="root")[0] != 0
+
+
+SPOOFER = r"""
+import socket, struct, sys
+def checksum(data):
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    return ~(total + (total >> 16)) & 0xFFFF
+def udp(src, dst, payload):
+    body = struct.pack("!HHHH", 4000, int(sys.argv[3]), 8 + len(payload), 0) + payload
+    head = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(body), 1, 0, 64, 17, 0,
+                       socket.inet_aton(src), socket.inet_aton(dst))
+    return head[:10] + struct.pack("!H", checksum(head)) + head[12:] + body
+me, gateway, mac = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[4].replace(":", ""))
+host_mac = bytes.fromhex(sys.argv[5].replace(":", ""))
+forged_mac = bytes.fromhex("00163e777777")
+vlan = b"\x81\x00\x00\x05"
+frames = [
+    host_mac + mac + b"\x08\x00" + udp(me, gateway, b"honest"),
+    host_mac + mac + b"\x08\x00" + udp("10.214.0.250", gateway, b"forged-ip"),
+    host_mac + mac + vlan + b"\x08\x00" + udp("10.214.0.250", gateway, b"tagged-forged-ip"),
+    host_mac + mac + vlan + b"\x08\x00" + udp(me, gateway, b"tagged"),
+    host_mac + forged_mac + b"\x08\x00" + udp(me, gateway, b"forged-mac"),
+]
+raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+raw.bind(("eth0", 0))
+for frame in frames:
+    raw.send(frame)
+"""
+
+
+def test_forged_frames_never_cross_the_bridge_nor_teach_it_a_mac(lxc_driver, desktops, client_key):
+    """Frames with another address, another MAC, or a VLAN tag (which once slipped past the address
+    check) are dropped where they enter the bridge, before it learns anything from them."""
+    spec, status = desktops()
+    mac = lxc_driver.store.read(spec.key)["hwaddr"]
+    host_mac = Path("/sys/class/net/lbtest0/address").read_text().strip()
+    received = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        # DHCP's port: one of the few the host takes from desktops (no DHCP server runs on this bridge).
+        listener.bind((GATEWAY, 67))
+        listener.settimeout(1)
+        port = 67
+        command = f"python3 - {status.private_ip} {GATEWAY} {port} {mac} {host_mac}"
+        code, _, err = ssh(status.private_ip, client_key, command, user="root", stdin=SPOOFER)
+        assert code == 0, err
+        with contextlib.suppress(TimeoutError):
+            while True:
+                received.append(listener.recv(100))
+    assert received == [b"honest"], "only the honest frame may reach the host"
+    learnt = subprocess.run(["bridge", "fdb", "show", "br", "lbtest0"], capture_output=True, text=True).stdout
+    assert "00:16:3e:77:77:77" not in learnt

@@ -57,10 +57,14 @@ def test_provision_builds_the_vm_as_planned(sim, pve):
     assert (config["cores"], config["memory"]) == ("2", "2048")
     assert "size=20G" in config["scsi0"] and f"vm-{vm.vmid}-disk" in config["scsi0"]
     assert config["net0"] == "virtio,bridge=vmbr0,firewall=1"
-    assert config["ciuser"] == "agent" and config["ipconfig0"] == "ip=dhcp"
+    # The control plane gives the VM its address (the network's plus the VMID) and pins it.
+    address = f"10.80.{vm.vmid // 256}.{vm.vmid % 256}"
+    assert config["ciuser"] == "agent" and config["ipconfig0"] == f"ip={address}/16,gw=10.80.0.1"
+    assert status.private_ip == address
     assert config["sshkeys"] == SSH_KEY.replace(" ", "%20")
-    # The firewall was closed before the first boot, and the SSH step got the agent's address.
+    # The firewall was closed before the first boot, and the SSH step got the VM's address.
     assert vm.fw_options["enable"] == "1" and vm.fw_options["policy_in"] == "DROP"
+    assert vm.fw_options["ipfilter"] == "1" and [e["cidr"] for e in vm.ipsets["ipfilter-net0"]] == [f"{address}/32"]
     assert pve.guest_setup.calls == [(spec.key, status.private_ip, spec.files)]
     # A linked clone of the template, with every boolean sent as 1/0.
     clone = next(p for m, path, p in sim.requests if path.endswith(f"/qemu/{TEMPLATE}/clone"))
@@ -87,20 +91,46 @@ def test_network_policy_renders_the_vm_firewall(sim, pve):
     rules = [
         (r["type"], r["action"], r.get("dport", ""), r.get("source") or r.get("dest")) for r in vm.fw_rules
     ]
+    # Private and link-local networks are dropped before anything allowed is accepted; the control
+    # plane's own ports are not open to desktops.
     assert rules == [
         ("in", "ACCEPT", "22", "+lb-control"),
         ("in", "ACCEPT", "5900", "+lb-control"),
-        ("out", "ACCEPT", "8000", "+lb-control"),
-        ("out", "ACCEPT", "", "+lb-allowed"),
         ("out", "DROP", "", "+lb-private"),
+        ("out", "ACCEPT", "", "+lb-allowed"),
     ]
+    private = [e["cidr"] for e in vm.ipsets["lb-private"]]
+    assert {"169.254.0.0/16", "10.0.0.0/8", "fc00::/7", "fe80::/10"} <= set(private)
     pve.apply_network_policy(spec.key, NetworkPolicy())
     assert vm.fw_options["policy_out"] == "ACCEPT"
     assert vm.ipsets["lb-allowed"] == []
-    assert [r["action"] for r in vm.fw_rules] == ["ACCEPT", "ACCEPT", "ACCEPT", "DROP"]
+    assert [r["action"] for r in vm.fw_rules] == ["ACCEPT", "ACCEPT", "DROP"]
     writes = len(sim.requests)
     pve.apply_network_policy(spec.key, NetworkPolicy())
     assert not [r for r in sim.requests[writes:] if r[0] in ("POST", "DELETE")], "an unchanged policy rewrote"
+
+
+def test_the_guest_never_chooses_the_address_the_relays_dial(sim, pve):
+    """Root in a VM controls its guest agent: it could report another desktop's address (or any
+    address) so that the relays would dial there. The address is the control plane's, never the guest's."""
+    victim, attacker = make_spec(), make_spec()
+    victim_ip = pve.provision(victim).private_ip
+    status = pve.provision(attacker)
+    vmid = int(status.ref)
+    sim.guest_claims(vmid, victim_ip, "127.0.0.1", "203.0.113.9")
+    pve.stop(attacker.key)
+    assert pve.start(attacker.key).private_ip == status.private_ip != victim_ip
+    assert pve.status(attacker.key).private_ip == status.private_ip
+    pve.suspend(attacker.key)
+    assert pve.resume(attacker.key).private_ip == status.private_ip
+    # And the VM's firewall lets it send from its own address only.
+    assert [e["cidr"] for e in sim.vms[vmid].ipsets["ipfilter-net0"]] == [f"{status.private_ip}/32"]
+
+
+def test_a_vmid_outside_the_desktops_network_is_refused_in_words(sim):
+    pve = driver_for(sim, subnet="10.80.0.0/26")
+    with pytest.raises(DriverError, match="widen PROXMOX_SUBNET"):
+        pve.provision(make_spec())
 
 
 def test_a_bad_allowed_cidr_is_refused(pve):

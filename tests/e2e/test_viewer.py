@@ -36,6 +36,11 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
     page.wait_for_timeout(1500)  # the session's terminal window maps a moment after VNC answers
     screenshot(page, "viewer-02-connected")
+    # The viewer opens watching; control is taken explicitly.
+    expect(page.locator("#mode-view")).to_have_attribute("aria-pressed", "true")
+    page.click("#mode-control")
+    expect(page.locator("#mode-control")).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
 
     # Click into the desktop's xterm (at +40+40 on its 1280x800 screen) and type a command there.
     marker = f"/tmp/typed-on-screen-{int(time.time())}"

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.server import ServerProtocol
 from websockets.sync.connection import Connection
 
-from proxies.console import vnc_auth_response
+from proxies.rfb import vnc_auth_response
 
 PRINTABLE = string.ascii_letters + string.digits + string.punctuation
 RFB_VERSION = b"RFB 003.008\n"
@@ -87,7 +87,7 @@ def _rfb(stream: _Stream, password: str, password_expires: float, name: str) -> 
     challenge = secrets.token_bytes(16)
     stream.send(challenge)
     answer = stream.read(16)
-    if time.time() > password_expires or answer != vnc_auth_response(password, challenge):
+    if time.time() > password_expires or answer != vnc_auth_response(password.encode("latin-1"), challenge):
         reason = b"Authentication failed"
         stream.send(struct.pack(">II", 1, len(reason)) + reason)
         return

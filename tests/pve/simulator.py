@@ -90,6 +90,8 @@ class Vm:
     paused: bool = False
     started_at: float = 0.0
     ip: str = ""
+    # What a guest whose root lies makes its agent report, instead of the address it really has.
+    claimed_ips: tuple[str, ...] = ()
     ignores_shutdown: bool = False
     fw_options: dict[str, str] = field(default_factory=dict)
     fw_rules: list[dict[str, str]] = field(default_factory=list)
@@ -214,6 +216,11 @@ class Simulator:
     def vm_by_name(self, name: str) -> Vm:
         with self.lock:
             return next(vm for vm in self.vms.values() if vm.config.get("name") == name)
+
+    def guest_claims(self, vmid: int, *addresses: str) -> None:
+        """Root in the VM makes its guest agent report these addresses as well as its own."""
+        with self.lock:
+            self.vms[vmid].claimed_ips = addresses
 
     # -- server -------------------------------------------------------------------------------
 
@@ -482,7 +489,9 @@ def _not_running(sim, vm):
 
 def _started(sim, vm):
     vm.status, vm.paused, vm.started_at = "running", False, time.time()
-    vm.ip = vm.ip or next(sim._ips)
+    # cloud-init's static address when the VM has one ("ip=10.80.0.123/16,gw=…"), else DHCP's.
+    static = re.match(r"ip=([0-9.]+)/", vm.config.get("ipconfig0", ""))
+    vm.ip = static.group(1) if static else vm.ip or next(sim._ips)
 
 
 def _stopped(sim, vm):
@@ -532,6 +541,7 @@ def _agent_interfaces(sim: Simulator, params):
                 "hardware-address": "bc:24:11:00:00:01",
                 "ip-addresses": [
                     {"ip-address-type": "ipv6", "ip-address": "fe80::be24:11ff:fe00:1", "prefix": 64},
+                    *({"ip-address-type": "ipv4", "ip-address": ip, "prefix": 16} for ip in vm.claimed_ips),
                     {"ip-address-type": "ipv4", "ip-address": vm.ip, "prefix": 16},
                 ],
             },

@@ -1,23 +1,14 @@
-"""The VNC relay's fallback to the engine's console, against the PVE simulator's vncwebsocket; and the
-relay's VNC authentication against a real TigerVNC server."""
-
-import asyncio
-import struct
-import subprocess
+"""The VNC relay's fallback to the engine's console, against the PVE simulator's vncwebsocket."""
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 
-from desktops.audit import Actor
 from desktops.engines import engine
 from desktops.models import DesktopState, Role
-from lebureau.asgi import application
-from proxies.console import ConsoleRefused, RfbReader, vnc_authenticate
-from proxies.sessions import relay_session_create
 from tests.factories import DesktopFactory, MembershipFactory
 from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
 from tests.support import services as real
+from tests.support.relays import closed_with, mint, open_relay
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
 
@@ -60,24 +51,8 @@ def desktop(proxmox, sim, plan):
 
 async def open_vnc(desktop):
     member = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.MEMBER)
-    session = await sync_to_async(relay_session_create)(
-        actor=Actor(user=member.user), desktop_id=desktop.id, mode="control"
-    )
-    communicator = WebsocketCommunicator(
-        application,
-        f"/ws/desktops/{desktop.id}/vnc?token={session.token}",
-        headers=[(b"origin", b"http://127.0.0.1")],
-    )
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected
-    return communicator
-
-
-async def closed_with(communicator, timeout=10):
-    while True:
-        message = await communicator.receive_output(timeout=timeout)
-        if message["type"] == "websocket.close":
-            return message["code"], message.get("reason", "")
+    tickets = await sync_to_async(mint)(member, desktop)
+    return await open_relay(desktop.id, "vnc", tickets.vnc)
 
 
 @needs_schema
@@ -119,39 +94,3 @@ async def test_an_engine_without_a_console_says_the_screen_is_not_answering(sett
     desktop = await sync_to_async(DesktopFactory)(state=DesktopState.RUNNING, private_ip="127.0.0.1")
     code, reason = await closed_with(await open_vnc(desktop))
     assert (code, reason) == (4502, "The desktop's screen is not answering.")
-
-
-@pytest.fixture
-def password_xvnc(tmp_path):
-    """TigerVNC's Xvnc behind VNC authentication, the scheme QEMU uses for PVE's console."""
-    password = "s3cr3t!?"
-    obfuscated = subprocess.run(["vncpasswd", "-f"], input=password.encode(), capture_output=True, check=True)
-    (tmp_path / "passwd").write_bytes(obfuscated.stdout)
-    port = real.free_port()
-    args = ["Xvnc", f":{port % 1000 + 100}", "-rfbport", str(port), "-localhost", "-SecurityTypes", "VncAuth"]
-    with real.running([*args, "-PasswordFile", str(tmp_path / "passwd"), "-geometry", "320x200"], port):
-        yield port, password
-
-
-@pytest.mark.parametrize("accepted", [True, False])
-async def test_the_relay_answers_vnc_authentication_as_a_real_server_expects(password_xvnc, accepted):
-    port, password = password_xvnc
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-    async def send(data: bytes) -> None:
-        writer.write(data)
-        await writer.drain()
-
-    try:
-        attempt = password if accepted else "nope"
-        handshake = vnc_authenticate(RfbReader(lambda: reader.read(65536)), send, attempt)
-        if accepted:
-            await handshake
-            await send(b"\x01")  # ClientInit: the server now shows its screen
-            width, height = struct.unpack(">HH", await reader.readexactly(4))
-            assert (width, height) == (320, 200)
-        else:
-            with pytest.raises(ConsoleRefused, match=r"(?i)authentication"):
-                await handshake
-    finally:
-        writer.close()

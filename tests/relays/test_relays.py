@@ -1,30 +1,42 @@
-"""The VNC and terminal relays with WebsocketCommunicator, against a real Xvnc and a real sshd."""
+"""The VNC and terminal relays with WebsocketCommunicator, against a real Xvnc and a real sshd.
+
+The attacks a viewer, a tenant or a stolen ticket could try are here, each failing: a ticket used
+twice or from another session, input slipped past the screen relay by desynchronising its RFB
+handshake, relays that outlive their API key or their user, terminals that stall everyone's.
+"""
 
 import asyncio
 import json
 import os
+import socket
 import subprocess
+import threading
 import time
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
+from django.utils import timezone
 
 from desktops import services
 from desktops.audit import Actor
-from desktops.guest import control_plane_public_key
-from desktops.models import DesktopState, Role
-from lebureau.asgi import application
-from proxies.sessions import relay_session_create
+from desktops.guest import control_plane_public_key, vnc_password, vnc_password_file
+from desktops.models import ApiKey, DesktopState, RelayTicket, Role
+from proxies.rfb import vnc_auth_response
 from tests.factories import DesktopFactory, MembershipFactory
 from tests.support import services as real
+from tests.support.relays import closed_with, mint, open_relay
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
 
+# The screen tests' desktop: its id fixes the VNC passwords the server is started with.
+SCREEN_DESKTOP = "dsk_relaytestscreen0"
+
 
 @pytest.fixture(scope="module")
-def vnc_server():
-    with real.xvnc() as server:
+def vnc_server(tmp_path_factory):
+    passwords = tmp_path_factory.mktemp("vnc") / "passwd"
+    passwords.write_bytes(vnc_password_file(SCREEN_DESKTOP))
+    with real.xvnc(password_file=passwords) as server:
         yield server
 
 
@@ -44,7 +56,7 @@ def ssh_server(relay_settings, tmp_path):
 
 @pytest.fixture
 def desktop(relay_settings, plan):
-    return DesktopFactory(state=DesktopState.RUNNING, private_ip="127.0.0.1")
+    return DesktopFactory(id=SCREEN_DESKTOP, state=DesktopState.RUNNING, private_ip="127.0.0.1")
 
 
 @pytest.fixture
@@ -52,76 +64,78 @@ def member(desktop):
     return MembershipFactory(workspace=desktop.workspace, role=Role.MEMBER)
 
 
-def token(member, desktop, mode="control"):
-    return relay_session_create(actor=Actor(user=member.user), desktop_id=desktop.id, mode=mode).token
-
-
-async def relay_for(member, desktop, kind="vnc", mode="control", *, to=None):
-    """A relay opened with a fresh token of the member's for `desktop` (or to another desktop)."""
-    minted = await sync_to_async(token)(member, desktop, mode)
-    return await open_relay((to or desktop).id, kind, minted)
+async def relay_for(member, desktop, kind="vnc", mode="control", *, to=None, **options):
+    """A relay opened with a fresh ticket of the member's for `desktop` (or to another desktop)."""
+    tickets = await sync_to_async(mint)(member, desktop, mode)
+    return await open_relay((to or desktop).id, kind, getattr(tickets, kind), **options)
 
 
 async def type_in(communicator, text: str):
     await communicator.send_to(text_data=json.dumps({"type": "input", "data": text}))
 
 
-async def open_relay(desktop_id: str, kind: str, token: str | None, **query):
-    params = "&".join(f"{k}={v}" for k, v in ({"token": token} if token else {}).items() | query.items())
-    communicator = WebsocketCommunicator(
-        application, f"/ws/desktops/{desktop_id}/{kind}?{params}", headers=[(b"origin", b"http://127.0.0.1")]
-    )
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected
-    return communicator
-
-
-async def closed_with(communicator, timeout=5):
-    while True:
-        message = await communicator.receive_output(timeout=timeout)
-        if message["type"] == "websocket.close":
-            return message["code"], message.get("reason", "")
-
-
-# Every token case closes the socket before a byte reaches the desktop
+# Tickets: every bad one closes the socket before a byte reaches the desktop
 
 
 @pytest.mark.parametrize("kind", ["vnc", "terminal"])
-async def test_no_token(desktop, kind):
+async def test_no_ticket(desktop, kind):
     code, reason = await closed_with(await open_relay(desktop.id, kind, None))
     assert code == 4401 and "required" in reason
 
 
-async def test_bad_token(desktop):
-    code, reason = await closed_with(await open_relay(desktop.id, "vnc", "forged.token:value"))
+async def test_forged_ticket(desktop):
+    code, reason = await closed_with(await open_relay(desktop.id, "vnc", "forged-ticket"))
     assert code == 4401 and "not valid" in reason
 
 
-async def test_expired_token(desktop, member, relay_settings):
+async def test_a_ticket_opens_one_relay_only(desktop, member):
+    """The old tokens opened any number of relays for a minute; a ticket opens exactly one."""
+    tickets = await sync_to_async(mint)(member, desktop)
+    first = await open_relay(desktop.id, "vnc", tickets.vnc)
+    assert (await first.receive_from(timeout=5)).startswith(b"RFB 003.008")
+    for _ in range(4):
+        code, reason = await closed_with(await open_relay(desktop.id, "vnc", tickets.vnc))
+        assert code == 4401 and "used already" in reason
+    await first.disconnect()
+
+
+async def test_a_ticket_opens_only_its_own_kind_of_relay(desktop, member):
+    tickets = await sync_to_async(mint)(member, desktop)
+    code, _ = await closed_with(await open_relay(desktop.id, "terminal", tickets.vnc))
+    assert code == 4401
+
+
+async def test_a_ticket_from_another_browser_session_is_refused(desktop, member):
+    tickets = await sync_to_async(mint)(member, desktop, session="the-owners-session")
+    code, reason = await closed_with(await open_relay(desktop.id, "vnc", tickets.vnc, session="a-thief"))
+    assert code == 4401 and "another session" in reason
+
+
+async def test_expired_ticket(desktop, member, relay_settings):
     relay_settings.RELAY_TOKEN_MAX_AGE = 1
-    stale = await sync_to_async(token)(member, desktop)
-    await asyncio.sleep(2.1)
-    code, reason = await closed_with(await open_relay(desktop.id, "vnc", stale))
+    tickets = await sync_to_async(mint)(member, desktop)
+    await asyncio.sleep(1.5)
+    code, reason = await closed_with(await open_relay(desktop.id, "vnc", tickets.vnc))
     assert code == 4401 and "expired" in reason
 
 
-async def test_token_for_another_desktop(desktop, member):
+async def test_ticket_for_another_desktop(desktop, member):
     other = await sync_to_async(DesktopFactory)(workspace=desktop.workspace, private_ip="127.0.0.1")
     code, reason = await closed_with(await relay_for(member, desktop, to=other))
-    assert code == 4403 and "another desktop" in reason
+    assert code == 4401 and "not valid" in reason
 
 
 async def test_user_who_lost_access(desktop, member):
-    minted = await sync_to_async(token)(member, desktop)
+    tickets = await sync_to_async(mint)(member, desktop)
     await sync_to_async(member.delete)()
-    code, reason = await closed_with(await open_relay(desktop.id, "vnc", minted))
+    code, reason = await closed_with(await open_relay(desktop.id, "vnc", tickets.vnc))
     assert code == 4403 and "no longer" in reason
 
 
 async def test_desktop_not_running(desktop, member):
-    minted = await sync_to_async(token)(member, desktop)
+    tickets = await sync_to_async(mint)(member, desktop)
     await sync_to_async(type(desktop).objects.filter(id=desktop.id).update)(state=DesktopState.STOPPED)
-    code, reason = await closed_with(await open_relay(desktop.id, "vnc", minted))
+    code, reason = await closed_with(await open_relay(desktop.id, "vnc", tickets.vnc))
     assert code == 4409 and "stopped" in reason
 
 
@@ -131,28 +145,54 @@ async def test_desktop_screen_not_answering(desktop, member, relay_settings):
     assert code == 4502 and "screen" in reason
 
 
-def test_viewer_cannot_mint_a_control_token(desktop):
-    viewer = MembershipFactory(workspace=desktop.workspace, role=Role.VIEWER)
+def test_viewers_and_roles_below_the_workspaces_control_role_cannot_mint_control(desktop, member):
     from desktops.errors import Forbidden
 
+    viewer = MembershipFactory(workspace=desktop.workspace, role=Role.VIEWER)
     with pytest.raises(Forbidden):
-        token(viewer, desktop, "control")
-    assert token(viewer, desktop, "view")
+        mint(viewer, desktop, "control")
+    assert mint(viewer, desktop, "view")
+    assert mint(member, desktop, "control")
+    type(desktop.workspace).objects.filter(id=desktop.workspace_id).update(control_role=Role.ADMIN)
+    with pytest.raises(Forbidden, match="needs the Admin role"):
+        mint(member, desktop, "control")
 
 
-# VNC
+async def test_a_person_keeps_a_bounded_number_of_relays_open(desktop, member, relay_settings):
+    relay_settings.RELAY_MAX_PER_USER = 3
+    held = [await relay_for(member, desktop, mode="view") for _ in range(3)]
+    for communicator in held:
+        assert (await communicator.receive_from(timeout=5)).startswith(b"RFB ")
+    code, reason = await closed_with(await relay_for(member, desktop, mode="view"))
+    assert code == 4429 and "3 relays open" in reason
+    await held[0].disconnect()
+    await asyncio.sleep(0.2)
+    again = await relay_for(member, desktop, mode="view")
+    assert (await again.receive_from(timeout=5)).startswith(b"RFB ")
+    for communicator in [*held[1:], again]:
+        await communicator.disconnect()
+    assert not await sync_to_async(
+        RelayTicket.objects.filter(opened_at__isnull=False, closed_at=None).exists
+    )()
 
 
-async def rfb_handshake(communicator) -> bytes:
-    version = await communicator.receive_from(timeout=5)
-    assert version.startswith(b"RFB 003.")
-    await communicator.send_to(bytes_data=b"RFB 003.008\n")
+# The screen
+
+
+async def browser_handshake(communicator, version: bytes = b"RFB 003.008\n") -> bytes:
+    """What noVNC does, in the RFB version given; returns the ServerInit the relay replays."""
+    assert await communicator.receive_from(timeout=5) == b"RFB 003.008\n"
+    await communicator.send_to(bytes_data=version)
     security = await communicator.receive_from(timeout=5)
-    assert 1 in security[1:]  # security type None is offered
-    await communicator.send_to(bytes_data=b"\x01")
-    assert await communicator.receive_from(timeout=5) == b"\x00\x00\x00\x00"  # SecurityResult OK
+    if version == b"RFB 003.003\n":
+        assert security == b"\x00\x00\x00\x01"  # the server picked None
+    else:
+        assert security == b"\x01\x01"  # only None is offered: the desktop's password stays here
+        await communicator.send_to(bytes_data=b"\x01")
+        if version == b"RFB 003.008\n":
+            assert await communicator.receive_from(timeout=5) == b"\x00\x00\x00\x00"
     await communicator.send_to(bytes_data=b"\x01")  # ClientInit, shared
-    return await communicator.receive_from(timeout=5)  # ServerInit
+    return await communicator.receive_from(timeout=5)
 
 
 def clipboard(display: str) -> str:
@@ -166,14 +206,21 @@ def clipboard(display: str) -> str:
     return result.stdout
 
 
+def cut_text(text: bytes) -> bytes:
+    return b"\x06\x00\x00\x00" + len(text).to_bytes(4, "big") + text
+
+
+@pytest.mark.parametrize("version", [b"RFB 003.003\n", b"RFB 003.007\n", b"RFB 003.008\n"])
 @pytest.mark.parametrize(("mode", "reaches_desktop"), [("control", True), ("view", False)])
-async def test_vnc_input_only_with_a_control_token(desktop, member, vnc_server, mode, reaches_desktop):
+async def test_screen_input_only_with_a_control_ticket_whatever_the_rfb_version(
+    desktop, member, vnc_server, version, mode, reaches_desktop
+):
     communicator = await relay_for(member, desktop, mode=mode)
-    server_init = await rfb_handshake(communicator)
+    server_init = await browser_handshake(communicator, version)
     width, height = int.from_bytes(server_init[0:2], "big"), int.from_bytes(server_init[2:4], "big")
     assert (width, height) == (640, 400)
-    text = f"typed-through-{mode}-{time.monotonic_ns()}".encode()
-    await communicator.send_to(bytes_data=b"\x06\x00\x00\x00" + len(text).to_bytes(4, "big") + text)
+    text = f"typed-through-{mode}-{version[-3:-1].decode()}-{time.monotonic_ns()}".encode()
+    await communicator.send_to(bytes_data=cut_text(text))
     await asyncio.sleep(0.5)
     assert (text.decode() in await asyncio.to_thread(clipboard, vnc_server[0])) is reaches_desktop
     # A framebuffer update request is answered in both modes.
@@ -182,17 +229,69 @@ async def test_vnc_input_only_with_a_control_token(desktop, member, vnc_server, 
     await communicator.disconnect()
 
 
+async def test_a_viewer_cannot_desynchronise_the_relay_to_slip_input_through(desktop, member, vnc_server):
+    """The old filter followed the handshake from the viewer's bytes: announcing RFB 3.3 made it
+    swallow a byte, and what followed was read out of step, so input hidden inside other messages
+    reached the desktop. The relay now answers the handshake itself and parses every message."""
+    communicator = await relay_for(member, desktop, mode="view")
+    await communicator.receive_from(timeout=5)
+    text = f"smuggled-{time.monotonic_ns()}".encode()
+    # RFB 3.3 expects no security selection from the client: a byte that would be taken for one,
+    # then ClientInit, then a clipboard message.
+    payload = b"RFB 003.003\n" + b"\x01" + cut_text(text) + b"\x04\x01\x00\x00\x00\x00\x00\x41"
+    await communicator.send_to(bytes_data=payload)
+    await asyncio.sleep(0.5)
+    assert text.decode() not in await asyncio.to_thread(clipboard, vnc_server[0])
+
+
+def test_the_desktops_own_server_refuses_a_viewers_input_too(vnc_server):
+    """Even if a relay let input through, the view-only password makes the server drop it."""
+    text = f"through-the-view-password-{time.monotonic_ns()}".encode()
+    with socket.create_connection(("127.0.0.1", vnc_server[1]), timeout=5) as conn:
+        conn.recv(12)
+        conn.sendall(b"RFB 003.008\n")
+        conn.recv(64)
+        conn.sendall(b"\x02")
+        conn.sendall(vnc_auth_response(vnc_password(SCREEN_DESKTOP, "view"), conn.recv(16)))
+        assert conn.recv(4) == b"\x00\x00\x00\x00"
+        conn.sendall(b"\x01")
+        conn.recv(4096)
+        conn.sendall(cut_text(text))
+        time.sleep(0.5)
+    assert text.decode() not in clipboard(vnc_server[0])
+
+
+async def test_abandoned_relays_never_lock_others_out_of_a_screen(desktop, member):
+    """Five relays abandoned mid-handshake used to get the relays' one address blacklisted by Xvnc."""
+    for _ in range(6):
+        communicator = await relay_for(member, desktop, mode="view")
+        await communicator.disconnect()
+    communicator = await relay_for(member, desktop, mode="view")
+    assert len(await browser_handshake(communicator)) > 24
+    await communicator.disconnect()
+
+
 async def test_garbage_after_the_handshake_closes_the_relay(desktop, member):
     communicator = await relay_for(member, desktop)
-    await rfb_handshake(communicator)
+    await browser_handshake(communicator)
     await communicator.send_to(bytes_data=b"\x63nonsense")
     code, reason = await closed_with(communicator)
     assert code == 4400 and "type 99" in reason
 
 
+async def test_an_rfb_version_the_relay_does_not_speak_closes_it(desktop, member):
+    communicator = await relay_for(member, desktop)
+    await communicator.receive_from(timeout=5)
+    await communicator.send_to(bytes_data=b"RFB 004.000\n")
+    assert (await closed_with(communicator))[0] == 4400
+
+
+# Forced disconnects
+
+
 async def test_destroying_the_desktop_closes_its_relays(desktop, member, celery_worker):
     communicator = await relay_for(member, desktop)
-    await rfb_handshake(communicator)
+    await browser_handshake(communicator)
     await sync_to_async(services.desktop_act)(
         actor=Actor(user=member.user), desktop=desktop, action="destroy"
     )
@@ -203,7 +302,7 @@ async def test_destroying_the_desktop_closes_its_relays(desktop, member, celery_
 async def test_removing_the_member_closes_their_relays(desktop, member):
     owner = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.OWNER)
     communicator = await relay_for(member, desktop)
-    await rfb_handshake(communicator)
+    await browser_handshake(communicator)
     await sync_to_async(services.membership_remove)(
         actor=Actor(user=owner.user), workspace_id=desktop.workspace_id, membership_id=member.id
     )
@@ -215,8 +314,8 @@ async def test_demoted_member_loses_control_but_keeps_view(desktop, member):
     owner = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.OWNER)
     control = await relay_for(member, desktop)
     view = await relay_for(member, desktop, mode="view")
-    await rfb_handshake(control)
-    await rfb_handshake(view)
+    await browser_handshake(control)
+    await browser_handshake(view)
     await sync_to_async(services.membership_set_role)(
         actor=Actor(user=owner.user),
         workspace_id=desktop.workspace_id,
@@ -228,7 +327,40 @@ async def test_demoted_member_loses_control_but_keeps_view(desktop, member):
     await view.disconnect()
 
 
-# Terminal
+async def test_revoking_the_api_key_closes_the_relays_it_opened(desktop, member, ssh_server, tmp_path):
+    """A relay opened with an API key's ticket used to keep typing after the key was revoked."""
+    from tests.factories import api_key_for
+
+    admin = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.ADMIN)
+    token = await sync_to_async(api_key_for)(member)
+    key = await sync_to_async(ApiKey.objects.get)(created_by=member.user)
+    tickets = await sync_to_async(mint)(member, desktop, api_key=key, session="")
+    # A key's ticket is bound to the key, not to a browser session.
+    terminal = await open_relay(desktop.id, "terminal", tickets.terminal, session="any")
+    await type_in(terminal, "echo still-$((6*7))\n")
+    await read_until(terminal, b"still-42")
+    await sync_to_async(services.api_key_revoke)(
+        actor=Actor(user=admin.user), workspace_id=desktop.workspace_id, key_id=key.id
+    )
+    code, reason = await closed_with(terminal)
+    assert code == 4403 and "API key" in reason
+    marker = tmp_path / "after-revoke"
+    await type_in(terminal, f"touch {marker}\n")
+    await asyncio.sleep(0.5)
+    assert not marker.exists() and token
+
+
+async def test_deactivating_the_user_closes_their_relays(desktop, member):
+    communicator = await relay_for(member, desktop)
+    await browser_handshake(communicator)
+    user = member.user
+    user.is_active = False
+    await sync_to_async(user.save)()
+    code, _ = await closed_with(communicator)
+    assert code == 4403
+
+
+# The terminal
 
 
 async def read_until(communicator, needle: bytes, timeout=10) -> bytes:
@@ -240,7 +372,7 @@ async def read_until(communicator, needle: bytes, timeout=10) -> bytes:
 
 
 @pytest.mark.parametrize(("mode", "runs"), [("control", True), ("view", False)])
-async def test_terminal_keystrokes_need_a_control_token(desktop, member, ssh_server, tmp_path, mode, runs):
+async def test_terminal_keystrokes_need_a_control_ticket(desktop, member, ssh_server, tmp_path, mode, runs):
     marker = tmp_path / f"typed-{mode}"
     communicator = await relay_for(member, desktop, "terminal", mode)
     await communicator.send_to(text_data=json.dumps({"type": "resize", "cols": 100, "rows": 30}))
@@ -269,6 +401,53 @@ async def test_terminal_stops_reading_until_the_page_catches_up(desktop, member,
     await communicator.disconnect()
 
 
+@pytest.fixture
+def stalled_sshd():
+    """A desktop whose sshd accepts connections and then never says a word."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    listener.close()
+
+
+async def test_stalled_and_idle_terminals_never_hold_up_another_persons(
+    desktop, member, ssh_server, stalled_sshd, relay_settings
+):
+    """Each terminal used to park a thread of a small shared pool in a blocking read: a handful of
+    idle terminals, or one desktop whose sshd stalls, froze everybody's."""
+    idle = [await relay_for(member, desktop, "terminal") for _ in range(7)]
+    for communicator in idle:
+        await read_until(communicator, b"#")  # the prompt: each one now waits for output
+    relay_settings.DESKTOP_SSH_PORT = stalled_sshd
+    stalled_owner = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.MEMBER)
+    stalled = [await relay_for(stalled_owner, desktop, "terminal") for _ in range(3)]
+    relay_settings.DESKTOP_SSH_PORT = ssh_server
+    someone = await sync_to_async(MembershipFactory)(workspace=desktop.workspace, role=Role.MEMBER)
+    started = time.monotonic()
+    communicator = await relay_for(someone, desktop, "terminal")
+    await type_in(communicator, "echo mine-$((6*7))\n")
+    await read_until(communicator, b"mine-42", timeout=5)
+    assert time.monotonic() - started < 3
+    for each in [*idle, *stalled, communicator]:
+        await each.disconnect()
+
+
 async def test_malformed_terminal_message_closes(desktop, member, ssh_server):
     communicator = await relay_for(member, desktop, "terminal")
     await communicator.send_to(text_data="not json")
@@ -276,17 +455,20 @@ async def test_malformed_terminal_message_closes(desktop, member, ssh_server):
     assert code == 4400
 
 
-# The API that mints sessions
+# The API that mints tickets
 
 
-def test_sessions_endpoint(desktop, member):
+def test_sessions_endpoint_mints_tickets_bound_to_the_browser_session(desktop, member):
     from tests.conftest import client_for
 
-    response = client_for(member).post(
-        f"/api/desktops/{desktop.id}/sessions", {"mode": "view"}, format="json"
-    )
+    client = client_for(member)
+    response = client.post(f"/api/desktops/{desktop.id}/sessions", {"mode": "view"}, format="json")
     assert response.status_code == 201
     body = response.json()
-    assert body["mode"] == "view" and body["vncUrl"] == f"/ws/desktops/{desktop.id}/vnc?token={body['token']}"
+    assert body["mode"] == "view" and body["vncUrl"] == f"/ws/desktops/{desktop.id}/vnc"
+    assert body["vncTicket"] != body["terminalTicket"] and "?" not in body["vncUrl"] + body["terminalUrl"]
+    stored = RelayTicket.objects.get(ticket_hash__isnull=False, kind="vnc")
+    assert stored.session_hash and body["vncTicket"] not in str(vars(stored))
+    assert stored.expires_at > timezone.now()
     outsider = MembershipFactory(role=Role.OWNER)
     assert client_for(outsider).post(f"/api/desktops/{desktop.id}/sessions").status_code == 404

@@ -1,4 +1,8 @@
-"""A minimal RFB 3.8 client for tests: is there a session drawn on a desktop's screen?"""
+"""A minimal RFB 3.8 client for tests: is there a session drawn on a desktop's screen?
+
+Desktops' VNC servers ask for VNC authentication with the desktop's own password
+(``desktops.guest.vnc_password``); pass it, or None for a server that asks for none.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,19 @@ import struct
 import time
 from collections import Counter
 
+from desktops.guest import vnc_des
 
-def wait_for_a_drawn_screen(ip: str, port: int = 5900, timeout: float = 30) -> tuple[int, int, float, int]:
+
+def wait_for_a_drawn_screen(
+    ip: str, password: bytes | None, port: int = 5900, timeout: float = 30
+) -> tuple[int, int, float, int]:
     """(width, height, share of pixels off the background, colours) once a window is on screen.
 
     VNC answers as soon as Xvnc listens; the session's windows follow within a few seconds.
     """
     deadline = time.monotonic() + timeout
     while True:
-        width, height, pixels = grab_framebuffer(ip, port)
+        width, height, pixels = grab_framebuffer(ip, password, port)
         colours = Counter(pixels[i : i + 4] for i in range(0, len(pixels), 4))
         drawn = 1 - colours.most_common(1)[0][1] / (width * height)
         # A blank screen (or one with only the pointer on it) is one colour; a terminal covers a lot.
@@ -24,8 +32,8 @@ def wait_for_a_drawn_screen(ip: str, port: int = 5900, timeout: float = 30) -> t
         time.sleep(0.5)
 
 
-def grab_framebuffer(ip: str, port: int = 5900) -> tuple[int, int, bytes]:
-    """A minimal RFB 3.8 client: no authentication, 32-bit true colour, one Raw full-screen update."""
+def grab_framebuffer(ip: str, password: bytes | None, port: int = 5900) -> tuple[int, int, bytes]:
+    """A minimal RFB 3.8 client: VNC authentication or none, 32-bit true colour, one Raw update."""
     with socket.create_connection((ip, port), timeout=10) as conn:
         conn.settimeout(10)
 
@@ -42,8 +50,11 @@ def grab_framebuffer(ip: str, port: int = 5900) -> tuple[int, int, bytes]:
         assert version.startswith(b"RFB 003.00"), version
         conn.sendall(b"RFB 003.008\n")
         types = read(read(1)[0])
-        assert 1 in types, f"security type None not offered: {list(types)}"
-        conn.sendall(b"\x01")
+        wanted = 2 if password is not None else 1
+        assert wanted in types, f"security type {wanted} not offered: {list(types)}"
+        conn.sendall(bytes([wanted]))
+        if password is not None:
+            conn.sendall(vnc_des(password, read(16)))
         assert struct.unpack(">I", read(4))[0] == 0, "security handshake failed"
         conn.sendall(b"\x01")  # ClientInit: shared, so the operator's viewer stays connected
         width, height = struct.unpack(">HH", read(4))

@@ -82,11 +82,19 @@ def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Pa
 
 
 @contextmanager
-def xvnc(geometry: str = "640x400"):
-    """An X display served over RFB on a free loopback port, with an xterm drawn on it."""
+def xvnc(geometry: str = "640x400", password_file: Path | None = None):
+    """An X display served over RFB on a free loopback port, with an xterm drawn on it.
+
+    With a password file, it asks for VNC authentication as a desktop's does (image-build/guest/vnc-session).
+    """
     port = free_port()
     display = f":{port % 1000 + 100}"
-    args = ["Xvnc", display, "-rfbport", str(port), "-localhost", "-SecurityTypes", "None"]
+    args = ["Xvnc", display, "-rfbport", str(port), "-localhost"]
+    if password_file is None:
+        args += ["-SecurityTypes", "None"]
+    else:
+        args += ["-SecurityTypes", "VncAuth", "-rfbauth", str(password_file)]
+        args += ["-BlacklistThreshold", "1000000", "-BlacklistTimeout", "0"]
     with running([*args, "-geometry", geometry, "-depth", "24", "-AlwaysShared"], port):
         env = {**os.environ, "DISPLAY": display}
         xterm = subprocess.Popen(["xterm", "-geometry", "60x10+10+10"], env=env, stderr=subprocess.DEVNULL)

@@ -69,9 +69,9 @@ class InstanceSpec:
     image_profile: str = "minimal"
     # The workspace the desktop belongs to, for engines that spread a workspace's desktops.
     workspace: str = ""
-    # Extra files written into the guest at provision (path -> content), e.g. the
+    # Extra files written into the guest at provision (path -> text or bytes), e.g. the
     # desktop-scoped token of the `bureau` helper.
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 // The desktop viewer: live screen (noVNC), terminal (xterm.js), view / control toggle.
-// Both relays need a short-lived session token, minted by the API for the signed-in user.
+// Each relay opens with its own single-use ticket, minted by the API for this browser session and
+// sent as a WebSocket subprotocol (never in the URL).
 import RFB from "../vendor/novnc/core/rfb.js";
 import { Terminal } from "../vendor/xterm/xterm.mjs";
 import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
@@ -11,7 +12,8 @@ const csrf = document.querySelector("[name=csrfmiddlewaretoken]").value;
 const wsBase = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}`;
 const ACK_EVERY = 32 * 1024; // the terminal relay pauses when too much output is unacknowledged
 
-let mode = canControl ? "control" : "view";
+// Watching first: taking control (and with it the desktop's files and keys) is an explicit act.
+let mode = "view";
 let rfb = null;
 let terminalSocket = null;
 const FIRST_RETRY = 500; // a blip is usually over by then; longer outages back off to 15 s
@@ -47,8 +49,13 @@ async function desktopState() {
 
 // The screen
 
+const ticketProtocol = (ticket) => `lebureau.ticket.${ticket}`;
+
 function connectScreen(session) {
-  const screen = new RFB(document.getElementById("screen"), `${wsBase}${session.vncUrl}`, { shared: true });
+  const screen = new RFB(document.getElementById("screen"), `${wsBase}${session.vncUrl}`, {
+    shared: true,
+    wsProtocols: ["binary", ticketProtocol(session.vncTicket)],
+  });
   rfb = screen;
   screen.viewOnly = mode === "view";
   screen.scaleViewport = true;
@@ -83,8 +90,8 @@ function send(message) {
 }
 
 function connectTerminal(session) {
-  const url = `${wsBase}${session.terminalUrl}&cols=${term.cols}&rows=${term.rows}`;
-  const socket = new WebSocket(url);
+  const url = `${wsBase}${session.terminalUrl}?cols=${term.cols}&rows=${term.rows}`;
+  const socket = new WebSocket(url, ["lebureau.relay", ticketProtocol(session.terminalTicket)]);
   socket.binaryType = "arraybuffer";
   terminalSocket = socket;
   term.options.disableStdin = mode === "view";

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from environs import Env
 
-from workers.drivers.lxc.network import TABLE, VETH_PREFIX
+from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX
 
 
 def host_nameservers() -> tuple[str, ...]:
@@ -44,6 +44,8 @@ class LxcConfig:
     id_count: int = 65536
     # TCP ports of this host that desktops may open.
     host_tcp_ports: tuple[int, ...] = ()
+    # Destinations no desktop ever reaches, whatever its egress policy.
+    denied_cidrs: tuple[str, ...] = DENIED_CIDRS
     dns_servers: tuple[str, ...] = field(default_factory=host_nameservers)
     # What must answer before a desktop counts as up (SSH, VNC), and for how long to wait.
     ready_ports: tuple[int, ...] = (22, 5900)
@@ -68,4 +70,5 @@ class LxcConfig:
             nft_table=env.str("LXC_NFT_TABLE", defaults["nft_table"].default),
             veth_prefix=env.str("LXC_VETH_PREFIX", defaults["veth_prefix"].default),
             host_tcp_ports=tuple(env.list("LXC_HOST_TCP_PORTS", [], subcast=int)),
+            denied_cidrs=tuple(env.list("LXC_DENIED_CIDRS", list(DENIED_CIDRS))),
         )

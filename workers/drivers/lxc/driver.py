@@ -236,7 +236,9 @@ class LxcDriver(ComputeDriver):
         config = self.config
         with self.store.locked(NETWORK_LOCK):
             desktops = [
-                network.DesktopRules(m["ip"], m["veth"], m["allow_internet"], tuple(m["allowed_cidrs"]))
+                network.DesktopRules(
+                    m["ip"], m["veth"], m["hwaddr"], m["allow_internet"], tuple(m["allowed_cidrs"])
+                )
                 for m in self.store.all()
             ]
             try:
@@ -249,6 +251,8 @@ class LxcDriver(ComputeDriver):
                         config.host_tcp_ports,
                         config.nft_table,
                         config.veth_prefix,
+                        config.denied_cidrs,
+                        config.dns_servers,
                     )
                 )
             except RuntimeError as exc:

@@ -24,7 +24,7 @@ def seed(root: Path, spec: InstanceSpec, *, dns_servers: tuple[str, ...], id_bas
             "could not generate the desktop's SSH host key",
         )
         host_key, host_key_pub = Path(keyfile).read_text(), Path(keyfile + ".pub").read_text()
-    files: list[tuple[str, str, int, int]] = [
+    files: list[tuple[str, str | bytes, int, int]] = [
         ("/etc/hostname", f"{hostname}\n", 0o644, 0),
         ("/etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost\n", 0o644, 0),
         ("/etc/resolv.conf", "".join(f"nameserver {s}\n" for s in dns_servers), 0o644, 0),
@@ -44,7 +44,7 @@ def seed(root: Path, spec: InstanceSpec, *, dns_servers: tuple[str, ...], id_bas
         put(root, path, content, mode, id_base + owner)
 
 
-def put(root: Path, guest_path: str, content: str, mode: int, host_uid: int) -> None:
+def put(root: Path, guest_path: str, content: str | bytes, mode: int, host_uid: int) -> None:
     """Write a file into the guest from the host without ever following a symlink out of it."""
     parts = Path(guest_path).parts
     if not guest_path.startswith("/") or ".." in parts or len(parts) < 2:
@@ -63,7 +63,7 @@ def put(root: Path, guest_path: str, content: str, mode: int, host_uid: int) -> 
     if target.is_symlink():
         target.unlink()
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(content)
+    with os.fdopen(fd, "wb") as f:
+        f.write(content.encode() if isinstance(content, str) else content)
         os.fchown(f.fileno(), host_uid, host_uid)
         os.fchmod(f.fileno(), mode)

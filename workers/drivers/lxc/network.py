@@ -24,11 +24,31 @@ TABLE = "lebureau"
 VETH_PREFIX = "lbv"
 
 
+# Never reachable from a desktop, whatever its egress policy: this host's and its neighbours' private
+# networks, link-local (169.254.169.254 is a cloud's metadata service: the host's own credentials),
+# loopback, shared and reserved space, multicast.
+DENIED_CIDRS = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+)
+
+
 @dataclass(frozen=True)
 class DesktopRules:
     ip: str
-    # The host side of the desktop's veth: its frames may only carry the desktop's own address.
+    # The host side of the desktop's veth and the desktop's MAC: its frames may only carry its own
+    # MAC and address, untagged.
     veth: str
+    mac: str
     allow_internet: bool = True
     allowed_cidrs: tuple[str, ...] = field(default_factory=tuple)
 
@@ -45,11 +65,14 @@ def render_ruleset(
     host_tcp_ports: tuple[int, ...],
     table: str = TABLE,
     veth_prefix: str = VETH_PREFIX,
+    denied_cidrs: tuple[str, ...] = DENIED_CIDRS,
+    dns_servers: tuple[str, ...] = (),
 ) -> str:
     gateway = gateway_of(subnet)
     ips = sorted({d.ip for d in desktops}, key=ipaddress.ip_address)
     no_internet = sorted({d.ip for d in desktops if not d.allow_internet}, key=ipaddress.ip_address)
-    bindings = sorted(f'"{d.veth}" . {d.ip}' for d in desktops)
+    bindings = sorted(f'"{d.veth}" . {d.mac} . {d.ip}' for d in desktops)
+    denied = sorted({str(ipaddress.ip_network(c)) for c in denied_cidrs}, key=ipaddress.ip_network)
     egress = sorted(
         {
             f"{d.ip} . {ipaddress.ip_network(c, strict=False)}"
@@ -62,6 +85,14 @@ def render_ruleset(
     def elements(items: list[str]) -> str:
         return f"elements = {{ {', '.join(items)} }}" if items else ""
 
+    # The resolvers desktops are given may sit in a denied network: port 53 of them stays open.
+    resolvers = sorted(
+        {d for d in dns_servers if ipaddress.ip_address(d).version == 4}, key=ipaddress.ip_address
+    )
+    dns_rule = ""
+    if resolvers:
+        to_resolvers = f'iifname "{bridge}" ip daddr {{ {", ".join(resolvers)} }}'
+        dns_rule = f"{to_resolvers} meta l4proto {{ tcp, udp }} th dport 53 accept"
     ports = ", ".join(str(p) for p in sorted(set(host_tcp_ports)))
     host_ports_rule = f"tcp dport {{ {ports} }} accept" if ports else ""
     # The leading "add table" makes the "delete table" valid when the table does not exist yet,
@@ -73,6 +104,7 @@ table inet {table} {{
     set desktops {{ type ipv4_addr; {elements(ips)} }}
     set no_internet {{ type ipv4_addr; {elements(no_internet)} }}
     set egress_allow {{ type ipv4_addr . ipv4_addr; flags interval; {elements(egress)} }}
+    set denied {{ type ipv4_addr; flags interval; {elements(denied)} }}
 
     chain input {{
         type filter hook input priority filter; policy accept;
@@ -90,7 +122,10 @@ table inet {table} {{
         iifname "{bridge}" oifname "{bridge}" drop
         oifname "{bridge}" ct state established,related accept
         oifname "{bridge}" drop
+        iifname "{bridge}" meta nfproto ipv6 drop
         iifname "{bridge}" ip saddr != @desktops drop
+        {dns_rule}
+        iifname "{bridge}" ip daddr @denied counter drop
         iifname "{bridge}" ip saddr @no_internet ip saddr . ip daddr @egress_allow accept
         iifname "{bridge}" ip saddr @no_internet drop
     }}
@@ -104,14 +139,16 @@ table inet {table} {{
 add table bridge {table}
 delete table bridge {table}
 table bridge {table} {{
-    set bindings {{ type ifname . ipv4_addr; {elements(bindings)} }}
+    set bindings {{ type ifname . ether_addr . ipv4_addr; {elements(bindings)} }}
 
+    # A frame the bridge drops here is never learnt either: no spoofed MAC reaches its table.
     chain prerouting {{
         type filter hook prerouting priority filter; policy accept;
         iifname != "{veth_prefix}*" accept
-        ether type ip iifname . ip saddr != @bindings counter drop
-        ether type arp iifname . arp saddr ip != @bindings counter drop
-        ether type ip6 drop
+        ether type != {{ ip, arp }} counter drop
+        ether type ip iifname . ether saddr . ip saddr != @bindings counter drop
+        ether type arp iifname . ether saddr . arp saddr ip != @bindings counter drop
+        ether type arp iifname . arp saddr ether . arp saddr ip != @bindings counter drop
     }}
 
     chain forward {{

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
 from environs import Env
 
-from workers.drivers.base import InstanceSpec
+from workers.drivers.base import DriverError, InstanceSpec
 
-DEFAULT_PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+# Never reachable from a desktop: private networks, link-local (a cloud's metadata service among them),
+# and their IPv6 counterparts.
+DEFAULT_PRIVATE_CIDRS = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "fc00::/7",
+    "fe80::/10",
+)
 
 
 @dataclass(frozen=True)
@@ -57,12 +68,18 @@ class ProxmoxConfig:
     disk: str = "scsi0"
     full_clone: bool = False
     clone_storage: str = ""
-    ipconfig: str = "ip=dhcp"
+    # The desktops' network on the bridge. The control plane gives each VM its address (the network's
+    # address plus its VMID, unique in the cluster) through cloud-init and pins it in the firewall: it is
+    # never taken from the guest, which root inside controls.
+    subnet: str = "10.80.0.0/16"
+    gateway: str = ""
     memory_reserve_mib: int = 2048
     cpu_overcommit: float = 4.0
     # Place a new desktop on a node holding no other desktop of its workspace, while one fits.
     anti_affinity: bool = False
-    control_tcp_ports: tuple[int, ...] = (8000,)
+    # Ports of the control plane's addresses that desktops may open (none: its pages and API stay out
+    # of their reach).
+    control_tcp_ports: tuple[int, ...] = ()
     private_cidrs: tuple[str, ...] = DEFAULT_PRIVATE_CIDRS
     # VMs cloned ahead of demand on every node, per plan shape; booted unless told otherwise.
     warm_pool: tuple[PoolShape, ...] = ()
@@ -81,6 +98,33 @@ class ProxmoxConfig:
             raise ValueError(
                 "control_cidrs (PROXMOX_CONTROL_CIDRS) is empty: the control plane could reach no desktop"
             )
+        network = ipaddress.IPv4Network(self.subnet)
+        if self.gateway and ipaddress.IPv4Address(self.gateway) not in network:
+            raise ValueError(
+                f"the gateway {self.gateway} (PROXMOX_GATEWAY) is not in {network} (PROXMOX_SUBNET)"
+            )
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.subnet)
+
+    @property
+    def gateway_address(self) -> str:
+        return self.gateway or str(self.network.network_address + 1)
+
+    def address_of(self, vmid: int) -> str:
+        """The address of the VM with this VMID: the network's address plus the VMID."""
+        network = self.network
+        address = network.network_address + vmid
+        if (
+            address not in network
+            or address == network.broadcast_address
+            or str(address) == self.gateway_address
+        ):
+            raise DriverError(
+                f"VM {vmid} has no address in {network}: widen PROXMOX_SUBNET to hold every VMID"
+            )
+        return str(address)
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> ProxmoxConfig:
@@ -99,11 +143,12 @@ class ProxmoxConfig:
             disk=env.str("PROXMOX_DISK", defaults["disk"]),
             full_clone=env.bool("PROXMOX_FULL_CLONE", defaults["full_clone"]),
             clone_storage=env.str("PROXMOX_CLONE_STORAGE", defaults["clone_storage"]),
-            ipconfig=env.str("PROXMOX_IPCONFIG", defaults["ipconfig"]),
+            subnet=env.str("PROXMOX_SUBNET", defaults["subnet"]),
+            gateway=env.str("PROXMOX_GATEWAY", defaults["gateway"]),
             memory_reserve_mib=env.int("PROXMOX_MEMORY_RESERVE_MIB", defaults["memory_reserve_mib"]),
             cpu_overcommit=env.float("PROXMOX_CPU_OVERCOMMIT", defaults["cpu_overcommit"]),
             anti_affinity=env.bool("PROXMOX_ANTI_AFFINITY", defaults["anti_affinity"]),
-            control_tcp_ports=tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [8000], subcast=int)),
+            control_tcp_ports=tuple(env.list("PROXMOX_CONTROL_TCP_PORTS", [], subcast=int)),
             private_cidrs=tuple(env.list("PROXMOX_PRIVATE_CIDRS", list(DEFAULT_PRIVATE_CIDRS))),
             warm_pool=tuple(PoolShape.parse(entry) for entry in env.list("PROXMOX_WARM_POOL", [])),
             warm_pool_running=env.bool("PROXMOX_WARM_POOL_RUNNING", defaults["warm_pool_running"]),

@@ -22,6 +22,9 @@ from urllib.parse import quote
 from workers.drivers.base import DriverError, NetworkPolicy, TransientDriverError
 
 CONTROL, ALLOWED, DOMAINS, PRIVATE = "lb-control", "lb-allowed", "lb-domains", "lb-private"
+# PVE's own set for a NIC's allowed source addresses (with the `ipfilter` option): only the address
+# the control plane gave the VM, so the guest can neither spoof another nor choose its own.
+IPFILTER = "ipfilter-net0"
 COMMENT = "lebureau"
 DOMAINS_COMMENT = f"{COMMENT} domains:"
 _DOMAIN = re.compile(
@@ -45,6 +48,7 @@ class FirewallPlan:
 
 def firewall_plan(
     policy: NetworkPolicy,
+    address: str,
     control_cidrs: tuple[str, ...],
     control_tcp_ports: tuple[int, ...],
     private_cidrs: tuple[str, ...],
@@ -55,18 +59,21 @@ def firewall_plan(
     rules = [
         _rule("in", "ACCEPT", "22", source=f"+{CONTROL}"),
         _rule("in", "ACCEPT", "5900", source=f"+{CONTROL}"),
-        _rule("out", "ACCEPT", ",".join(map(str, control_tcp_ports)), dest=f"+{CONTROL}"),
     ]
+    if control_tcp_ports:
+        rules.append(_rule("out", "ACCEPT", ",".join(map(str, control_tcp_ports)), dest=f"+{CONTROL}"))
+    # Denied before anything is allowed: no allowed CIDR or domain opens a private network.
+    rules.append(_rule("out", "DROP", dest=f"+{PRIVATE}"))
     if allowed:
         rules.append(_rule("out", "ACCEPT", dest=f"+{ALLOWED}"))
     if domains:
         rules.append(_rule("out", "ACCEPT", dest=f"+{DOMAINS}"))
-    rules.append(_rule("out", "DROP", dest=f"+{PRIVATE}"))
     ipsets = {
         CONTROL: tuple(_network(c) for c in control_cidrs),
         ALLOWED: allowed,
         DOMAINS: resolved(domains, resolve),
-        PRIVATE: tuple(_network(c) for c in private_cidrs),
+        PRIVATE: tuple(_network(c, any_family=True) for c in private_cidrs),
+        IPFILTER: (_network(address),),
     }
     return FirewallPlan(
         options={
@@ -168,8 +175,10 @@ def _domain(name: str) -> str:
     return domain
 
 
-def _network(cidr: str) -> str:
+def _network(cidr: str, any_family: bool = False) -> str:
     try:
+        if any_family:
+            return str(ipaddress.ip_network(cidr, strict=False))
         return str(ipaddress.IPv4Network(cidr, strict=False))
     except ValueError as exc:
         raise DriverError(f"allowed CIDR {cidr!r} is not an IPv4 network: {exc}") from exc

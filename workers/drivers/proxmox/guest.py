@@ -62,7 +62,7 @@ def guest_setup(spec: InstanceSpec, ip: str, connect) -> None:
         client.close()
 
 
-def _run(client: paramiko.SSHClient, command: str, what: str, stdin: str = "") -> None:
+def _run(client: paramiko.SSHClient, command: str, what: str, stdin: str | bytes = "") -> None:
     channel_in, stdout, stderr = client.exec_command(command, timeout=600)
     if stdin:
         channel_in.write(stdin)

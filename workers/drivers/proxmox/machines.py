@@ -99,13 +99,16 @@ class Machines:
         vm.tags = tags
 
     def configure_cloud_init(self, vm: PveVm, ssh_public_key: str, digest: str | None = None) -> None:
+        """The control plane's key, and the address the control plane gives the VM (no DHCP)."""
+        network = self.config.network
+        address = f"{self.config.address_of(vm.vmid)}/{network.prefixlen}"
         self.pve.call(
             f"set cloud-init on VM {vm.vmid}",
             self.pve.vm(vm).config.put,
             ciuser=self.ssh_user,
             # PVE wants the keys URL-encoded with spaces as %20, never '+'.
             sshkeys=quote(ssh_public_key.strip(), safe=""),
-            ipconfig0=self.config.ipconfig,
+            ipconfig0=f"ip={address},gw={self.config.gateway_address}",
             digest=digest,
         )
 
@@ -113,7 +116,12 @@ class Machines:
         """VM firewall on, inbound only from the control plane, outbound per policy, never to desktops."""
         config = self.config
         plan = firewall_plan(
-            policy, config.control_cidrs, config.control_tcp_ports, config.private_cidrs, self.resolve
+            policy,
+            config.address_of(vm.vmid),
+            config.control_cidrs,
+            config.control_tcp_ports,
+            config.private_cidrs,
+            self.resolve,
         )
         self.pve.call(f"set the firewall of VM {vm.vmid}", apply_firewall, self.pve.vm(vm), plan)
 
@@ -126,13 +134,19 @@ class Machines:
         return self.boot(vm)
 
     def boot(self, vm: PveVm) -> str:
-        """Start or resume the VM as needed and wait for its guest agent's address."""
+        """Start or resume the VM as needed, wait until its network is up, and return its address.
+
+        The address is the one the control plane gave it, never what the guest says: the guest agent
+        is only asked whether the network came up with it.
+        """
         if vm.status == "stopped":
             self.pve.task(vm, "start", self.pve.vm(vm).status.start.post)
             vm.status = "running"
         elif self.pve.paused(vm):
             self.pve.task(vm, "resume", self.pve.vm(vm).status.resume.post)
-        return self._wait_for_ip(vm)
+        address = self.config.address_of(vm.vmid)
+        self._wait_for_address(vm, address)
+        return address
 
     def power_off(self, vm: PveVm) -> None:
         """A clean shutdown first; a guest that ignores it (or is paused) is stopped hard."""
@@ -157,35 +171,29 @@ class Machines:
             return InstanceStatus(key=key, state=InstanceState.STOPPED, ref=str(vm.vmid))
         if current.get("qmpstatus") in ("paused", "suspended"):
             return InstanceStatus(key=key, state=InstanceState.SUSPENDED, ref=str(vm.vmid))
-        ip = self.pve.call(f"ask the guest agent of VM {vm.vmid}", self._ip, vm)
-        return InstanceStatus(key=key, state=InstanceState.RUNNING, private_ip=ip, ref=str(vm.vmid))
+        address = self.config.address_of(vm.vmid)
+        return InstanceStatus(key=key, state=InstanceState.RUNNING, private_ip=address, ref=str(vm.vmid))
 
-    def _ip(self, vm: PveVm) -> str | None:
-        """The guest's first global IPv4 address as its agent reports it; None while the agent is not up."""
+    def _reports(self, vm: PveVm, address: str) -> bool:
+        """Whether the guest agent answers and has the VM's address up; False while it is not running."""
         try:
             answer = self.pve.vm(vm).agent("network-get-interfaces").get()
         except ResourceException as exc:
             if _AGENT_NOT_READY.search(pve_message(exc)):
-                return None
+                return False
             raise
-        for interface in answer.get("result", []):
-            if interface.get("name") == "lo":
-                continue
-            for address in interface.get("ip-addresses", []):
-                ip = address.get("ip-address", "")
-                if address.get("ip-address-type") == "ipv4" and not ip.startswith(("127.", "169.254.")):
-                    return ip
-        return None
+        return any(
+            reported.get("ip-address") == address
+            for interface in answer.get("result", [])
+            for reported in interface.get("ip-addresses", [])
+        )
 
-    def _wait_for_ip(self, vm: PveVm) -> str:
+    def _wait_for_address(self, vm: PveVm, address: str) -> None:
         deadline = time.monotonic() + self.config.agent_timeout
-        while True:
-            ip = self.pve.call(f"ask the guest agent of VM {vm.vmid}", self._ip, vm)
-            if ip:
-                return ip
+        while not self.pve.call(f"ask the guest agent of VM {vm.vmid}", self._reports, vm, address):
             if time.monotonic() > deadline:
                 raise TransientDriverError(
-                    f"VM {vm.vmid} started but its guest agent reported no address "
+                    f"VM {vm.vmid} started but its network did not come up with {address} "
                     f"within {self.config.agent_timeout:.0f} s"
                 )
             time.sleep(self.config.poll_interval)
