@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('desktops', '0009_relay_tickets_and_control_role'),
+        ("desktops", "0009_relay_tickets_and_control_role"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='desktop',
-            name='step_until',
+            model_name="desktop",
+            name="step_until",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

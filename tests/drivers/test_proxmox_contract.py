@@ -64,7 +64,9 @@ def test_provision_builds_the_vm_as_planned(sim, pve):
     assert config["sshkeys"] == SSH_KEY.replace(" ", "%20")
     # The firewall was closed before the first boot, and the SSH step got the VM's address.
     assert vm.fw_options["enable"] == "1" and vm.fw_options["policy_in"] == "DROP"
-    assert vm.fw_options["ipfilter"] == "1" and [e["cidr"] for e in vm.ipsets["ipfilter-net0"]] == [f"{address}/32"]
+    assert vm.fw_options["ipfilter"] == "1" and [e["cidr"] for e in vm.ipsets["ipfilter-net0"]] == [
+        f"{address}/32"
+    ]
     assert pve.guest_setup.calls == [(spec.key, status.private_ip, spec.files)]
     # A linked clone of the template, with every boolean sent as 1/0.
     clone = next(p for m, path, p in sim.requests if path.endswith(f"/qemu/{TEMPLATE}/clone"))

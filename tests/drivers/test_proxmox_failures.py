@@ -167,7 +167,7 @@ def test_a_late_guest_agent_is_waited_for(sim):
 def test_a_guest_agent_that_never_answers_times_out_transiently(sim):
     sim.times = TaskTimes(agent=60)
     pve = driver_for(sim, agent_timeout=0.2)
-    with pytest.raises(TransientDriverError, match="network did not come up with .* within"):
+    with pytest.raises(TransientDriverError, match=r"network did not come up with .* within"):
         pve.provision(make_spec())
 
 
