@@ -23,7 +23,14 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from desktops import services  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from lebureau.celery import app as celery_app  # noqa: E402
-from tests.support.services import free_port, patched_environ, port_open, service_process  # noqa: E402
+from lebureau.settings import chat_routes  # noqa: E402
+from tests.support.services import (  # noqa: E402
+    free_port,
+    patched_environ,
+    port_open,
+    service_process,
+    workers_answering,
+)
 from workers.drivers.lxc import LxcConfig, LxcDriver  # noqa: E402
 
 BENCH_LXC = {
@@ -60,14 +67,28 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     _, key = services.api_key_create(actor=actor, workspace_id=workspace.id, name="bench", scope="write")
     logs = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     port = free_port()
-    env = {**os.environ, **BENCH_LXC, "CELERY_BROKER_URL": BROKER, "CELERY_QUEUE": queue, **(env or {})}
+    chat_queue = f"{queue}-chat"
+    env = {
+        **os.environ,
+        **BENCH_LXC,
+        "CELERY_BROKER_URL": BROKER,
+        "CELERY_QUEUE": queue,
+        "CELERY_CHAT_QUEUE": chat_queue,
+        **(env or {}),
+    }
     celery_app.conf.broker_url = BROKER
     celery_app.conf.task_default_queue = queue
-    worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", queue, "-l", "INFO"]
+    celery_app.conf.task_routes = chat_routes(chat_queue)
+    worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
+    lifecycle = [*worker, "-Q", queue, "-c", str(concurrency), "-n", f"lifecycle-{run}@%h"]
+    chat = [*worker, "-Q", chat_queue, "--pool", "threads", "-c", "8", "-n", f"chat-{run}@%h"]
     web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
     try:
         with (
-            service_process("worker", [*worker, "-c", str(concurrency)], env, logs, worker_answers),
+            service_process(
+                "worker", lifecycle, env, logs, lambda: workers_answering(celery_app, f"lifecycle-{run}@")
+            ),
+            service_process("chat", chat, env, logs, lambda: workers_answering(celery_app, f"chat-{run}@")),
             service_process("daphne", web, env, logs, lambda: port_open(port)),
         ):
             try:
@@ -91,7 +112,3 @@ def clear_leftovers() -> None:
         p.parent.name for p in driver.config.state_dir.glob("*/meta.json")
     }:
         driver.destroy(key)
-
-
-def worker_answers() -> bool:
-    return bool(celery_app.control.ping(timeout=0.5))

@@ -27,7 +27,8 @@ from django.utils import timezone
 
 from desktops.events import ChatUpdated, publish_chat_update
 from desktops.guest import desktop_ssh_connect
-from desktops.models import ChatMessage, Desktop, DesktopState, Workspace
+from desktops.models import ChatChunk, ChatMessage, Desktop, DesktopState, Workspace
+from desktops.selectors import chat_content
 
 logger = logging.getLogger(__name__)
 Status = ChatMessage.Status
@@ -226,7 +227,7 @@ class _Answer:
 
     def __init__(self, reply: ChatMessage):
         self.reply = reply
-        self.text = reply.content
+        self.text = chat_content(reply)
         self.offset = reply.output_offset
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._undecoded = 0
@@ -253,8 +254,13 @@ class _Answer:
 
     def save(self) -> None:
         offset = self.offset - self._undecoded
-        if not _mine(self.reply).update(content=self.text, output_offset=offset, heartbeat_at=timezone.now()):
-            raise Superseded
+        # The new piece is appended, never the whole answer rewritten; in one transaction with the
+        # follower's claim, so a follower that was replaced meanwhile writes nothing.
+        with transaction.atomic():
+            if not _mine(self.reply).update(output_offset=offset, heartbeat_at=timezone.now()):
+                raise Superseded
+            if self._pending:
+                ChatChunk.objects.create(message_id=self.reply.id, text=self._pending)
         if self._pending:
             _publish(self.reply, at=self._published_utf16, text=self._pending)
             self._published_utf16 += _utf16_len(self._pending)
@@ -274,16 +280,18 @@ def _finish(
     reply.status = Status.ERROR if failed else Status.DONE
     if failed and answer is not None and answer.text.strip():
         content = f"{answer.text.strip()}\n\n{content}"  # what the agent said before failing is kept
-    updated = _mine(reply).update(
-        content=content,
-        status=reply.status,
-        completed_at=timezone.now(),
-        input_tokens=_count(usage, "inputTokens"),
-        output_tokens=_count(usage, "outputTokens"),
-        model_requests=_count(usage, "requests"),
-    )
-    if not updated:
-        raise Superseded
+    with transaction.atomic():
+        updated = _mine(reply).update(
+            content=content,
+            status=reply.status,
+            completed_at=timezone.now(),
+            input_tokens=_count(usage, "inputTokens"),
+            output_tokens=_count(usage, "outputTokens"),
+            model_requests=_count(usage, "requests"),
+        )
+        if not updated:
+            raise Superseded
+        ChatChunk.objects.filter(message_id=reply.id).delete()  # the whole answer is in `content` now
     _publish(reply, at=0, text=content)
 
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from desktops.audit import SYSTEM, Actor, audit_record
 from desktops.crypto import api_token_hash
@@ -22,7 +23,17 @@ from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.guest import VNC_PASSWORD_FILE, control_plane_public_key, vnc_password_file
 from desktops.models import AuditEvent, Desktop, DesktopEvent, Workspace
 from desktops.models import DesktopState as S
-from workers.drivers.base import DriverError, InstanceSpec, InstanceState
+from workers.drivers.base import (
+    IMAGE_MISSING,
+    INVALID_SPEC,
+    NO_CAPACITY,
+    NOT_PROVISIONED,
+    NOT_RESUMABLE,
+    NOT_SUSPENDABLE,
+    DriverError,
+    InstanceSpec,
+    InstanceState,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +191,8 @@ def desktop_run_step(*, desktop_id: str, action: str) -> bool:
     except DriverError as exc:
         if exc.transient:
             raise
-        desktop_step_failed(desktop_id=desktop.id, action=action, message=exc.message)
+        message = engine_failure(exc, action)
+        desktop_step_failed(desktop_id=desktop.id, action=action, message=message, detail=exc.message)
         return False
     done = transition(
         desktop_id=desktop.id,
@@ -190,6 +202,7 @@ def desktop_run_step(*, desktop_id: str, action: str) -> bool:
         private_ip=status.private_ip,
         driver_ref=status.ref or desktop.id,
         last_error="",
+        error_detail="",
         progress="",
         **first_boot,
     )
@@ -199,8 +212,41 @@ def desktop_run_step(*, desktop_id: str, action: str) -> bool:
     return done
 
 
-def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
-    """Record a failed step; a failed provision first removes whatever it had built."""
+STEP_FAILED = {
+    "provision": _("The desktop could not be created."),
+    "start": _("The desktop could not be started."),
+    "stop": _("The desktop could not be stopped."),
+    "suspend": _("The desktop could not be suspended."),
+    "resume": _("The desktop could not be resumed."),
+    "destroy": _("The desktop could not be destroyed."),
+}
+
+
+# What the desktop's owner is told of an engine's failure whose cause they can act on.
+ENGINE_REASONS = {
+    NO_CAPACITY: _("There is no room for this desktop on the compute engine right now: try again later."),
+    INVALID_SPEC: _("The compute engine cannot build a desktop of this name or plan."),
+    IMAGE_MISSING: _("This desktop's image is not available on the compute engine; the operators were told."),
+    NOT_SUSPENDABLE: _("The desktop is stopped: there is nothing in memory to suspend."),
+    NOT_RESUMABLE: _("The desktop is stopped, not suspended: start it instead."),
+    NOT_PROVISIONED: _("The desktop was never fully made: destroy it and create it again."),
+}
+
+
+def engine_failure(exc: DriverError, action: str) -> str:
+    """What the desktop's owner reads of an engine's failure: never the engine's own words, which may
+    name the host's paths or the cluster's nodes and storage."""
+    if exc.reason in ENGINE_REASONS:
+        return f"{STEP_FAILED[action]} {ENGINE_REASONS[exc.reason]}"
+    return f"{STEP_FAILED[action]} {_('The compute engine failed; the operators have the details.')}"
+
+
+def desktop_step_failed(*, desktop_id: str, action: str, message: str, detail: str = "") -> None:
+    """Record a failed step; a failed provision first removes whatever it had built.
+
+    `message` is shown to the desktop's owner; `detail` (the engine's own words, which may name the
+    host's paths or the cluster's nodes) goes to the log and to what support staff see.
+    """
     step = TRANSITIONS[action]
     desktop = Desktop.objects.filter(id=desktop_id).values("driver", "driver_ref").first()
     if desktop is None:
@@ -209,7 +255,9 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
         try:
             engine(desktop["driver"]).destroy(desktop_id)
         except DriverError as exc:
-            message = f"{message} (clean-up pending: {exc.message})"
+            detail = f"{detail} (clean-up pending: {exc.message})"
+    if detail:
+        logger.warning("%s of %s failed: %s", action, desktop_id, detail)
     transition(
         desktop_id=desktop_id,
         sources={step.via},
@@ -217,6 +265,7 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str) -> None:
         actor=SYSTEM,
         reason=message,
         last_error=message,
+        error_detail=detail,
     )
 
 

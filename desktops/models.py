@@ -64,7 +64,7 @@ class Membership(models.Model):
 
 
 class Invitation(models.Model):
-    """A place in a workspace offered to an e-mail address without an account yet."""
+    """A place in a workspace offered to an e-mail address; whoever confirms the address answers it."""
 
     id = PublicIdField("inv")
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="invitations")
@@ -73,6 +73,7 @@ class Invitation(models.Model):
     invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     accepted_at = models.DateTimeField(null=True, blank=True)
+    declined_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -123,7 +124,9 @@ class Desktop(models.Model):
     driver_ref = models.CharField(max_length=100, blank=True, help_text="The engine's name for it")
     state = models.CharField(max_length=20, choices=DesktopState.choices, default=DesktopState.PROVISIONING)
     private_ip = models.GenericIPAddressField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
+    last_error = models.TextField(blank=True, help_text="What went wrong, in words for its owner")
+    # The engine's own words (host paths, cluster nodes): for support staff only, never in the API.
+    error_detail = models.TextField(blank=True)
     progress = models.CharField(max_length=20, blank=True, help_text="The provision step under way")
     # Set while a worker carries out a step for it (until the step's time limit at the latest): the
     # workspace's steps under way are counted from it, so that one workspace cannot fill the queue.
@@ -339,3 +342,19 @@ class RelayTicket(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.mode} relay of {self.desktop_id} for user {self.user_id}"
+
+
+class ChatChunk(models.Model):
+    """A piece of an agent's answer while it streams in: appended, never rewritten.
+
+    The answer's whole text goes into ChatMessage.content once, when the turn ends, and its pieces go.
+    """
+
+    message = models.ForeignKey(ChatMessage, on_delete=models.CASCADE, related_name="chunks")
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{len(self.text)} characters of {self.message_id}"

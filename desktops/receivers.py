@@ -6,7 +6,7 @@ from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from desktops import services
+from desktops import selectors, services
 from desktops.audit import Actor, audit_record
 from desktops.events import AccessChanged, publish_access_change
 from desktops.models import Membership
@@ -14,9 +14,10 @@ from desktops.models import Membership
 
 @receiver(user_logged_in)
 def on_login(sender, request, user, **kwargs):
-    # Invited people join the inviting workspace; everyone else gets one of their own.
-    services.invitations_accept(user=user)
-    services.workspace_ensure_for_user(user=user)
+    # Invited people answer their invitations first (Mission Control shows them); others get a
+    # workspace of their own.
+    if not selectors.invitations_for(user=user).exists():
+        services.workspace_ensure_for_user(user=user)
     audit_record(actor=Actor(user=user), action="auth.login", target=f"user:{user.pk}")
 
 

@@ -19,9 +19,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from desktops.audit import Actor, audit_record
-from desktops.errors import Forbidden
 from desktops.models import ApiKey, Desktop, DesktopState, RelayTicket, Role
-from desktops.selectors import desktop_get, role_in
+from desktops.selectors import desktop_get, role_in, workspace_for_control
 
 Mode = RelayTicket.Mode
 Kind = RelayTicket.Kind
@@ -75,13 +74,8 @@ def needed_role(desktop: Desktop, mode: str) -> Role:
 def relay_tickets_mint(*, actor: Actor, desktop_id: str, mode: str, session_key: str = "") -> RelayTickets:
     """A ticket for the screen and one for the terminal, for this actor, in this mode."""
     desktop = desktop_get(actor=actor, desktop_id=desktop_id)
-    needed = needed_role(desktop, mode)
-    role = role_in(actor=actor, workspace_id=desktop.workspace_id)
-    if role.rank < needed.rank:
-        raise Forbidden(
-            _("Taking control of this workspace's desktops needs the %(role)s role; you are %(yours)s.")
-            % {"role": needed.label, "yours": role.label}
-        )
+    if mode == Mode.CONTROL:
+        workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
     expires_at = timezone.now() + timedelta(seconds=settings.RELAY_TOKEN_MAX_AGE)
     secrets_by_kind = {}
     for kind in Kind:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.db.models import QuerySet
+from django.utils.translation import gettext as _
 
 from desktops.audit import Actor
 from desktops.errors import Forbidden, Invalid, NotFound
@@ -17,6 +19,7 @@ from desktops.models import (
     Desktop,
     DesktopEvent,
     DesktopState,
+    Invitation,
     LLMKey,
     Membership,
     Plan,
@@ -62,6 +65,19 @@ def workspace_get(*, actor: Actor, workspace_id: str, minimum: Role = Role.VIEWE
     return Workspace.objects.get(id=workspace_id)
 
 
+def workspace_for_control(*, actor: Actor, workspace_id: str) -> Workspace:
+    """The workspace, if the actor may take control of its desktops (screen, terminal, agent), which
+    gives them what the desktops hold, the workspace's LLM keys included."""
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id)
+    role, needed = role_in(actor=actor, workspace_id=workspace_id), Role(workspace.control_role)
+    if role.rank < needed.rank:
+        raise Forbidden(
+            _("Taking control of this workspace's desktops needs the %(role)s role; you are %(yours)s.")
+            % {"role": needed.label, "yours": role.label}
+        )
+    return workspace
+
+
 def workspace_default(*, actor: Actor) -> Workspace:
     """The workspace meant when none is named: the key's own, or the user's only one."""
     if actor.api_key is not None:
@@ -71,6 +87,17 @@ def workspace_default(*, actor: Actor) -> Workspace:
         why = "You belong to several workspaces" if workspaces else "You belong to no workspace"
         raise Invalid(f"{why}: give workspaceId.", fields={"workspaceId": ["This field is required."]})
     return workspaces[0]
+
+
+def invitations_for(*, user) -> QuerySet[Invitation]:
+    """The pending invitations to the user's confirmed addresses: only those can be answered."""
+    emails = EmailAddress.objects.filter(user=user, verified=True).values_list("email", flat=True)
+    pending = Invitation.objects.filter(accepted_at=None, declined_at=None)
+    return pending.filter(email__in=[e.lower() for e in emails]).select_related("workspace", "invited_by")
+
+
+def invitations_pending(*, workspace: Workspace) -> QuerySet[Invitation]:
+    return workspace.invitations.filter(accepted_at=None, declined_at=None).order_by("-created_at")
 
 
 def membership_list(*, workspace: Workspace) -> QuerySet[Membership]:
@@ -171,7 +198,12 @@ def audit_list(
 
 
 def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:
-    return desktop.messages.order_by("created_at")
+    return desktop.messages.order_by("created_at").prefetch_related("chunks")
+
+
+def chat_content(message: ChatMessage) -> str:
+    """A message's text: whole once its turn has ended, its pieces so far while it streams in."""
+    return message.content + "".join(chunk.text for chunk in message.chunks.all())
 
 
 def current_tasks(*, desktop_ids: list[str]) -> dict[str, str]:

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from desktops import crypto
 from desktops.audit import Actor, audit_record
 from desktops.engines import engine_for_new_desktops
-from desktops.errors import Conflict, Invalid, NotFound
+from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
 from desktops.lifecycle import TRANSITIONS, transition
 from desktops.models import (
@@ -34,7 +33,7 @@ from desktops.models import (
     Workspace,
 )
 from desktops.queue import CHAT_DELIVER, WORKSPACE_AGENT_CONFIGURE, enqueue, enqueue_step
-from desktops.selectors import role_in, workspace_get
+from desktops.selectors import invitations_for, role_in, workspace_for_control, workspace_get
 
 
 def _validated(instance, **kwargs):
@@ -108,6 +107,28 @@ def workspace_agent_command_set(*, actor: Actor, workspace_id: str, command: str
     return workspace
 
 
+def workspace_control_role_set(*, actor: Actor, workspace_id: str, role: str) -> Workspace:
+    """Which roles may take control of the workspace's desktops, and so read what they hold."""
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    if role not in (Role.MEMBER, Role.ADMIN, Role.OWNER):
+        raise Invalid(
+            _("Control goes to members, admins or owners."), fields={"controlRole": [_("Unknown.")]}
+        )
+    workspace.control_role = role
+    workspace.save(update_fields=["control_role"])
+    # Open relays of those who lose control close now.
+    for user_id in workspace.memberships.values_list("user_id", flat=True):
+        publish_access_change(AccessChanged(user_id=user_id, workspace_id=workspace.id))
+    audit_record(
+        actor=actor,
+        action="workspace.control_role",
+        workspace_id=workspace.id,
+        target=workspace.id,
+        role=role,
+    )
+    return workspace
+
+
 def _placeholder_in_quotes(command: str) -> bool:
     quote = ""
     for i, char in enumerate(command):
@@ -146,43 +167,38 @@ def _role_grantable(actor: Actor, workspace: Workspace, role: str) -> Role:
     return Role(role)
 
 
-def membership_add(*, actor: Actor, workspace_id: str, email: str, role: str) -> Membership:
+def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> Invitation:
+    """Offer a place in the workspace to an e-mail address; its owner accepts it, or not.
+
+    Nobody is added without their consent: whoever pre-registers a future hire's address cannot join
+    in their place (accepting needs that address confirmed). The answer is the same whether an
+    account has the address or not, so the form tells nothing of who has an account.
+    """
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     role = _role_grantable(actor, workspace, role)
-    user = get_user_model().objects.filter(email__iexact=email).first()
-    if user is None:
-        raise Invalid(
-            f"No user has the email {email}; they must sign up first.", fields={"email": ["Unknown."]}
-        )
-    try:
-        with transaction.atomic():
-            membership = Membership.objects.create(workspace=workspace, user=user, role=role)
-    except IntegrityError as exc:
-        raise Conflict(f"{email} is already a member of this workspace.") from exc
-    audit_record(actor=actor, action="member.add", workspace_id=workspace.id, target=membership.id, role=role)
-    return membership
-
-
-def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> Membership | Invitation:
-    """Add a person by e-mail: at once if they have an account, else by an invitation e-mailed to them."""
-    if get_user_model().objects.filter(email__iexact=email).exists():
-        return membership_add(actor=actor, workspace_id=workspace_id, email=email, role=role)
-    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    role = _role_grantable(actor, workspace, role)
-    invitation, _ = Invitation.objects.update_or_create(
+    email = email.strip().lower()
+    if workspace.memberships.filter(user__email__iexact=email).exists():
+        raise Conflict(_("%(email)s is already a member of this workspace.") % {"email": email})
+    invitation, _created = Invitation.objects.update_or_create(
         workspace=workspace,
-        email=email.lower(),
-        defaults={"role": role, "invited_by": actor.user, "accepted_at": None},
+        email=email,
+        defaults={"role": role, "invited_by": actor.user, "accepted_at": None, "declined_at": None},
     )
     audit_record(
         actor=actor, action="member.invite", workspace_id=workspace.id, target=invitation.id, role=role
     )
-    signup = f"{settings.SITE_URL}{reverse('account_signup')}"
+    link = f"{settings.SITE_URL}{reverse('invitations')}"
+    words = {"inviter": actor.user.email, "workspace": workspace.name, "role": role, "email": email}
+    words["link"] = link
     transaction.on_commit(
         lambda: send_mail(
-            f"Join {workspace.name} on Le Bureau",
-            f"{actor.user.email} invites you to the workspace {workspace.name} as {role}.\n\n"
-            f"Sign up with this address ({email}) and confirm it: {signup}\n",
+            _("Join %(workspace)s on Le Bureau") % words,
+            _(
+                "%(inviter)s invites you to the workspace %(workspace)s as %(role)s.\n\n"
+                "Sign in (or sign up) with this address, %(email)s, confirm it, then accept the "
+                "invitation: %(link)s\n"
+            )
+            % words,
             None,
             [email],
         )
@@ -190,32 +206,53 @@ def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> 
     return invitation
 
 
-def invitations_accept(*, user) -> list[Membership]:
-    """Turn the invitations of the user's confirmed e-mail addresses into memberships."""
-    emails = EmailAddress.objects.filter(user=user, verified=True).values_list("email", flat=True)
-    joined = []
-    for invitation in Invitation.objects.filter(
-        email__in=[e.lower() for e in emails], accepted_at__isnull=True
-    ):
-        membership, created = Membership.objects.get_or_create(
+def invitation_revoke(*, actor: Actor, workspace_id: str, invitation_id: str) -> None:
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    deleted, _count = workspace.invitations.filter(id=invitation_id, accepted_at__isnull=True).delete()
+    if not deleted:
+        raise NotFound(_("Invitation %(id)s not found.") % {"id": invitation_id})
+    audit_record(actor=actor, action="member.invite_revoke", workspace_id=workspace.id, target=invitation_id)
+
+
+def invitation_answer(*, user, invitation_id: str, accept: bool) -> Membership | None:
+    """The invitee accepts (and joins) or declines, from an address of theirs they have confirmed."""
+    invitation = invitations_for(user=user).filter(id=invitation_id).first()
+    if invitation is None:
+        raise NotFound(
+            _("No invitation %(id)s for a confirmed address of yours: confirm the invited address first.")
+            % {"id": invitation_id}
+        )
+    actor = Actor(user=user)
+    answer = {"accepted_at": timezone.now()} if accept else {"declined_at": timezone.now()}
+    with transaction.atomic():
+        # Answered once: of two answers, one changes the row.
+        pending = Invitation.objects.filter(id=invitation.id, accepted_at=None, declined_at=None)
+        if not pending.update(**answer):
+            raise Conflict(_("This invitation was answered already."))
+        if not accept:
+            workspace_id = invitation.workspace_id
+            audit_record(
+                actor=actor, action="member.decline", workspace_id=workspace_id, target=invitation.id
+            )
+            return None
+        membership, _created = Membership.objects.get_or_create(
             workspace_id=invitation.workspace_id, user=user, defaults={"role": invitation.role}
         )
-        Invitation.objects.filter(id=invitation.id).update(accepted_at=timezone.now())
-        if created:
-            audit_record(
-                actor=Actor(user=user),
-                action="member.join",
-                workspace_id=invitation.workspace_id,
-                target=membership.id,
-                invitation=invitation.id,
-            )
-            joined.append(membership)
-    return joined
+        audit_record(
+            actor=actor,
+            action="member.join",
+            workspace_id=invitation.workspace_id,
+            target=membership.id,
+            invitation=invitation.id,
+        )
+    publish_access_change(AccessChanged(user_id=user.pk, workspace_id=invitation.workspace_id))
+    return membership
 
 
 def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, role: str) -> Membership:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     membership = _membership_of(workspace, membership_id)
+    _owner_only_for_owners(actor, workspace, membership)
     role = _role_grantable(actor, workspace, role)
     if role != Role.OWNER:
         _ensure_an_owner_remains(workspace, membership)
@@ -231,10 +268,16 @@ def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, 
 def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) -> None:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     membership = _membership_of(workspace, membership_id)
+    _owner_only_for_owners(actor, workspace, membership)
     _ensure_an_owner_remains(workspace, membership)
     membership.delete()
     publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
     audit_record(actor=actor, action="member.remove", workspace_id=workspace.id, target=membership_id)
+
+
+def _owner_only_for_owners(actor: Actor, workspace: Workspace, membership: Membership) -> None:
+    if membership.role == Role.OWNER and role_in(actor=actor, workspace_id=workspace.id) != Role.OWNER:
+        raise Forbidden(_("Only an owner can change or remove an owner."))
 
 
 def _membership_of(workspace: Workspace, membership_id: str) -> Membership:
@@ -302,8 +345,11 @@ MAX_MESSAGE = 32_000
 
 
 def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
-    """Store an operator's message and queue the agent's turn; returns the (pending) reply."""
-    workspace_get(actor=actor, workspace_id=desktop.workspace_id, minimum=Role.MEMBER)
+    """Store an operator's message and queue the agent's turn; returns the (pending) reply.
+
+    Instructing the agent is controlling its desktop: it takes the workspace's control role.
+    """
+    workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
     message = message.strip()
     if not message or len(message) > MAX_MESSAGE:
         raise Invalid(

@@ -5,7 +5,9 @@ with the variable's name instead of running half-configured.
 """
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from django.core.exceptions import ImproperlyConfigured
 from environs import Env, validate
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -18,6 +20,47 @@ SECRET_KEY = env.str("SECRET_KEY")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", [])
 SITE_URL = env.str("SITE_URL", "http://127.0.0.1:8000")
+
+# A deployment cannot start insecure by accident: debug mode only on this machine's own address, a
+# strong secret key, and HTTPS (Secure cookies, HSTS) wherever Mission Control is not on loopback.
+_site = urlsplit(SITE_URL)
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+if DEBUG and _site.hostname not in _LOOPBACK:
+    raise ImproperlyConfigured(f"DJANGO_DEBUG=true is for development on this machine, not at {SITE_URL}.")
+if not DEBUG and (
+    len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure")
+):
+    raise ImproperlyConfigured(
+        "SECRET_KEY is weak: use 50 random characters or more (make setup writes one)."
+    )
+if _site.scheme != "https" and _site.hostname not in _LOOPBACK:
+    raise ImproperlyConfigured(f"SITE_URL must be https:// outside this machine (it is {SITE_URL}).")
+HTTPS = _site.scheme == "https"
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", 365 * 24 * 3600) if HTTPS else 0
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", HTTPS)
+# Behind a TLS-terminating proxy: the header it sets, e.g. "X-Forwarded-Proto:https".
+if env.str("SECURE_PROXY_SSL_HEADER", ""):
+    SECURE_PROXY_SSL_HEADER = tuple(env.str("SECURE_PROXY_SSL_HEADER").split(":", 1))
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# Pages load their scripts, styles and libraries from here only, and are never framed elsewhere.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        # xterm.js and Swagger UI add <style> elements of their own.
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "connect-src": ["'self'"],
+        "worker-src": ["'self'", "blob:"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 
 INSTALLED_APPS = [
     "daphne",
@@ -33,6 +76,7 @@ INSTALLED_APPS = [
     "allauth",
     "allauth.account",
     "django_eventstream",
+    "csp",
     "desktops",
     "workers",
     "proxies",
@@ -50,6 +94,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "allauth.account.middleware.AccountMiddleware",
 ]
 
@@ -77,6 +122,13 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", 60)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Shared by every process: the sign-in rate limits count across them all.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env.str("CACHE_REDIS_URL", "redis://127.0.0.1:6379/3"),
+    }
+}
 
 AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
@@ -151,10 +203,13 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", "lebureau")
 # Following agent turns has a queue and workers of its own (a thread pool: a turn mostly waits), so
 # however long the turns, lifecycle steps never wait behind them.
 CELERY_CHAT_QUEUE = env.str("CELERY_CHAT_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}-chat")
-CELERY_TASK_ROUTES = {
-    "workers.tasks.chat_deliver": {"queue": CELERY_CHAT_QUEUE},
-    "workers.tasks.chat_follow": {"queue": CELERY_CHAT_QUEUE},
-}
+
+
+def chat_routes(queue: str) -> dict:
+    return {name: {"queue": queue} for name in ("workers.tasks.chat_deliver", "workers.tasks.chat_follow")}
+
+
+CELERY_TASK_ROUTES = chat_routes(CELERY_CHAT_QUEUE)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -218,6 +273,8 @@ RELAY_MAX_PER_USER = env.int("RELAY_MAX_PER_USER", 8)
 DESKTOP_VNC_PORT = env.int("DESKTOP_VNC_PORT", 5900)
 DESKTOP_SSH_PORT = env.int("DESKTOP_SSH_PORT", 22)
 DESKTOP_SSH_USER = env.str("DESKTOP_SSH_USER", "agent")
+# The largest request body the REST API reads (it takes small JSON documents).
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", 256 * 1024)
 DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
 DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
 

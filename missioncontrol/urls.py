@@ -5,6 +5,12 @@ from missioncontrol import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("switch/", views.switch, name="switch"),
+    path("invitations/", views.invitations, name="invitations"),
+    path(
+        "w/<str:workspace_id>/invitations/<str:object_id>/withdraw/",
+        views.invitation_revoke,
+        name="invitation_revoke",
+    ),
     path("w/<str:workspace_id>/desktops/", views.desktops, name="desktops"),
     path("w/<str:workspace_id>/desktops/new/", views.desktop_new, name="desktop_new"),
     path("w/<str:workspace_id>/desktops/actions/", views.fleet_action, name="fleet_action"),

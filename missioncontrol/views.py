@@ -14,6 +14,7 @@ from django.db import connection
 from django.http import Http404, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 from django_eventstream.views import events as eventstream_events
 
@@ -92,6 +93,9 @@ def attempt(request, call, success: str = "") -> bool:
 
 @login_required
 def home(request):
+    # Invitations waiting for an answer come first: accepting or declining is one click.
+    if selectors.invitations_for(user=request.user).exists():
+        return redirect("invitations")
     workspaces = selectors.workspaces_visible(actor=Actor.from_request(request))
     current = workspaces.filter(id=request.session.get("workspace")).first() or workspaces.first()
     if current is None:
@@ -100,8 +104,34 @@ def home(request):
 
 
 @login_required
+def invitations(request):
+    """The invitations to the signed-in person's confirmed addresses: accept or decline each."""
+    if request.method == "POST":
+        accept = request.POST.get("answer") == "accept"
+        invitation_id = request.POST.get("invitation", "")
+        if attempt(
+            request,
+            lambda: services.invitation_answer(user=request.user, invitation_id=invitation_id, accept=accept),
+            _("Welcome aboard.") if accept else _("Invitation declined."),
+        ):
+            return redirect("home")
+        return redirect("invitations")
+    unconfirmed = request.user.emailaddress_set.filter(verified=False)
+    return render(
+        request,
+        "missioncontrol/invitations.html",
+        {"invitations": selectors.invitations_for(user=request.user), "unconfirmed": unconfirmed},
+    )
+
+
+@login_required
 def switch(request):
-    return redirect("desktops", request.GET.get("workspace", ""))
+    """The workspace switcher's target: only a workspace of the user's, else back home."""
+    wanted = request.GET.get("workspace", "")
+    if not selectors.workspaces_visible(actor=Actor.from_request(request)).filter(id=wanted).exists():
+        messages.error(request, _("No such workspace of yours."))
+        return redirect("home")
+    return redirect("desktops", wanted)
 
 
 # Desktops
@@ -234,7 +264,7 @@ def settings_page(request):
         usage_total=usage_total,
         usage_desktops=usage_desktops,
         members=selectors.membership_list(workspace=workspace),
-        invitations=workspace.invitations.filter(accepted_at__isnull=True) if can_manage else [],
+        invitations=selectors.invitations_pending(workspace=workspace) if can_manage else [],
         api_keys=selectors.api_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
         llm_keys=selectors.llm_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
         rename_form=forms.RenameForm(initial={"name": workspace.name}),
@@ -264,7 +294,7 @@ def _settings_post(form_class, apply, success):
 
 
 def _new_api_key(request, data):
-    _, token = services.api_key_create(actor=request.actor, workspace_id=request.workspace.id, **data)
+    _key, token = services.api_key_create(actor=request.actor, workspace_id=request.workspace.id, **data)
     request.session["new_token"] = token  # shown once, on the next page, then gone
 
 
@@ -283,7 +313,7 @@ agent_command_set = _settings_post(
 member_invite = _settings_post(
     forms.InviteForm,
     lambda r, d: services.member_invite(actor=r.actor, workspace_id=r.workspace.id, **d),
-    "Invitation sent (or member added, if they already have an account).",
+    _("Invitation sent: they join once they accept it from that address."),
 )
 member_role = _settings_post(
     forms.RoleForm,
@@ -326,6 +356,10 @@ def _settings_delete(apply, success):
     return view
 
 
+invitation_revoke = _settings_delete(
+    lambda r, i: services.invitation_revoke(actor=r.actor, workspace_id=r.workspace.id, invitation_id=i),
+    _("Invitation withdrawn."),
+)
 member_remove = _settings_delete(
     lambda r, i: services.membership_remove(actor=r.actor, workspace_id=r.workspace.id, membership_id=i),
     "Member removed.",
@@ -357,6 +391,13 @@ def workspace_delete(request):
 # Audit
 
 
+def spreadsheet_safe(value) -> str:
+    """A cell a spreadsheet shows as text: one starting like a formula (a request id "=cmd|…", say)
+    would run as one when the export is opened."""
+    text = "" if value is None else str(value)
+    return f"'{text}" if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
+
+
 class _Echo:
     """A file that hands back what csv writes, so rows stream out as they are made."""
 
@@ -380,7 +421,7 @@ def audit(request):
         def lines():
             yield writer.writerow(fields)
             for event in events.iterator():
-                yield writer.writerow([getattr(event, f) for f in fields])
+                yield writer.writerow([spreadsheet_safe(getattr(event, f)) for f in fields])
 
         response = StreamingHttpResponse(lines(), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="audit-{request.workspace.id}.csv"'

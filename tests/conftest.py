@@ -14,17 +14,20 @@ from desktops.audit import Actor
 from desktops.engines import engine
 from desktops.models import Desktop, Role
 from lebureau.celery import app as celery_app
+from lebureau.settings import chat_routes
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
 from tests.support.scripted_model import ScriptedModelServer
-from tests.support.services import free_port, patched_environ, port_open, service_process
+from tests.support.services import free_port, patched_environ, port_open, service_process, workers_answering
 from workers.drivers.lxc import network as lxc_net
 
 TEST_DRIVER = "tests.support.directory_driver.DirectoryDriver"
 # A Redis database of its own, so a developer's running worker never takes the suite's tasks.
 TEST_BROKER = os.environ.get("TEST_CELERY_BROKER_URL", "redis://127.0.0.1:6379/14")
 TEST_QUEUE = f"test-{uuid.uuid4().hex[:8]}"
+# Agent turns are followed on a queue of their own, by workers of their own (see CELERY_CHAT_QUEUE).
+TEST_CHAT_QUEUE = f"{TEST_QUEUE}-chat"
 ROOT = Path(__file__).resolve().parent.parent
 # Desktops made through the API in tests get an LXC network and state of their own, apart from the
 # driver suite's and from a control plane running on this host.
@@ -127,6 +130,7 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
         "DATABASE_CONN_MAX_AGE": "0",
         "CELERY_BROKER_URL": TEST_BROKER,
         "CELERY_QUEUE": TEST_QUEUE,
+        "CELERY_CHAT_QUEUE": TEST_CHAT_QUEUE,
         "COMPUTE_DRIVER": TEST_DRIVER,
         "TEST_DRIVER_DIR": str(driver_dir),
         "CONTROL_PLANE_SSH_KEY": str(settings.CONTROL_PLANE_SSH_KEY),
@@ -137,9 +141,11 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
 
 @pytest.fixture(scope="session")
 def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path_factory):
-    """A real Celery worker process on the test database, Redis and the directory test driver."""
+    """Real Celery workers on the test database, Redis and the directory test driver: one for the
+    lifecycle (two slots, as a small deployment has) and one following agent turns (threads)."""
     celery_app.conf.broker_url = TEST_BROKER
     celery_app.conf.task_default_queue = TEST_QUEUE
+    celery_app.conf.task_routes = chat_routes(TEST_CHAT_QUEUE)
     basetemp = tmp_path_factory.getbasetemp()
     env = service_env(
         driver_dir,
@@ -148,13 +154,19 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
         DRIVER_RETRY_BACKOFF_MAX="1",
         # Desktops may reach the scripted model server on the host, and a dead worker's chat turn
         # is handed on after 3 s rather than a minute.
-        LXC_HOST_TCP_PORTS=f"8000,{SCRIPTED_MODEL_PORT}",
+        LXC_HOST_TCP_PORTS=str(SCRIPTED_MODEL_PORT),
         CHAT_STALE_AFTER="3",
     )
-    args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_QUEUE, "-c", "2"]
-    answers = lambda: celery_app.control.ping(timeout=0.5)  # noqa: E731
-    with service_process("celery-worker", [*args, "-l", "INFO"], env, basetemp, answers) as worker:
-        yield worker
+    worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
+    lifecycle = [*worker, "-Q", TEST_QUEUE, "-c", "2", "-n", "lifecycle@%h"]
+    chat = [*worker, "-Q", TEST_CHAT_QUEUE, "--pool", "threads", "-c", "8", "-n", "chat@%h"]
+    with (
+        service_process(
+            "celery-worker", lifecycle, env, basetemp, lambda: workers_answering(celery_app, "lifecycle@")
+        ),
+        service_process("celery-chat", chat, env, basetemp, lambda: workers_answering(celery_app, "chat@")),
+    ):
+        yield
 
 
 @contextmanager

@@ -16,8 +16,9 @@ import redis
 from celery.signals import before_task_publish
 
 from desktops.models import AuditEvent, ChatMessage, Role
+from desktops.selectors import chat_content
 from lebureau.celery import app as celery_app
-from tests.conftest import FULL_IMAGE, TEST_BROKER, TEST_QUEUE, service_env
+from tests.conftest import FULL_IMAGE, TEST_BROKER, TEST_CHAT_QUEUE, TEST_QUEUE, service_env
 from tests.support.desktops import add_scripted_model_key as add_key
 from tests.support.desktops import provision, run
 from tests.support.scripted_model import Text, ToolCall
@@ -173,12 +174,12 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
     long_answer = " ".join(f"word{i}" for i in range(60))
     scripted_model.script(Text(long_answer, pace=0.15), Text("Second answer."))
 
-    # The suite's worker stands aside; a second one takes the turn, then dies mid-answer.
-    node = next(iter(celery_app.control.ping(timeout=1)[0]))
-    celery_app.control.cancel_consumer(TEST_QUEUE, destination=[node], reply=True)
+    # The suite's chat worker stands aside; a second one takes the turn, then dies mid-answer.
+    node = next(n for reply in celery_app.control.ping(timeout=1) for n in reply if n.startswith("chat@"))
+    celery_app.control.cancel_consumer(TEST_CHAT_QUEUE, destination=[node], reply=True)
     basetemp = tmp_path_factory.getbasetemp()
     env = service_env(driver_dir, basetemp, CHAT_STALE_AFTER="3")
-    args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_QUEUE, "-c", "2"]
+    args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_CHAT_QUEUE, "-c", "2"]
     doomed_ready = lambda: any("doomed@" in n for r in celery_app.control.ping(timeout=0.5) for n in r)  # noqa: E731
     try:
         doomed_args = [*args, "-n", "doomed@%h"]
@@ -186,7 +187,7 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
             first = chat(lxc_api, desktop, "Écris une longue réponse")
             second = chat(lxc_api, desktop, "Et une deuxième")
             deadline = time.monotonic() + 90
-            while len(ChatMessage.objects.get(id=first["id"]).content) < 40:
+            while len(chat_content(ChatMessage.objects.get(id=first["id"]))) < 40:
                 assert time.monotonic() < deadline, "the answer never started streaming"
                 time.sleep(0.1)
             # One turn at a time: the second message waits its turn.
@@ -194,9 +195,9 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
             # The worker and its pool's processes, all at once, as a machine that loses power would.
             subprocess.run(["pkill", "-9", "-f", "doomed@%h"], check=True)
             half = ChatMessage.objects.get(id=first["id"])
-            assert half.status == "running" and 0 < len(half.content) < len(long_answer)
+            assert half.status == "running" and 0 < len(chat_content(half)) < len(long_answer)
     finally:
-        celery_app.control.add_consumer(TEST_QUEUE, destination=[node], reply=True)
+        celery_app.control.add_consumer(TEST_CHAT_QUEUE, destination=[node], reply=True)
 
     # What beat does every half-minute in production: hand orphaned turns on.
     deadline = time.monotonic() + 120

@@ -2,10 +2,12 @@
 
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from desktops import chat, services
 from desktops.audit import Actor
+from desktops.errors import Forbidden
 from desktops.models import ChatMessage, Role
 from tests.factories import DesktopFactory
 
@@ -49,3 +51,31 @@ def test_orphaned_turns_and_stalled_queues_are_handed_on_once(members, workspace
     assert chat.chat_follow(message_id=orphan.id, follower=str(old_follower)) is None
     # Its heartbeat now belongs to the new follower: a second sweep leaves it alone.
     assert chat.chat_resume() == ([], [stalled.id])
+
+
+def test_one_workspace_never_runs_more_turns_than_its_share(members, workspace, settings):
+    """Turns are followed by a shared pool of workers: one workspace keeps at most its share of it."""
+    settings.CHAT_TURNS_PER_WORKSPACE = 2
+    desktops = [DesktopFactory(workspace=workspace, state="running") for _ in range(3)]
+    replies = [send(members, desktop, "travaille") for desktop in desktops]
+    claimed = [chat.chat_claim_next(desktop_id=desktop.id) for desktop in desktops]
+    assert claimed == [replies[0], replies[1], None]
+    assert chat.chat_waiting(workspace_id=workspace.id) == [desktops[2].id]
+    # Another workspace's turn is not held back by this one.
+    elsewhere = DesktopFactory(state="running")
+    owner = elsewhere.workspace.memberships.create(user=members[Role.MEMBER].user, role=Role.OWNER)
+    other_reply = services.chat_send(actor=Actor(user=owner.user), desktop=elsewhere, message="ailleurs")
+    assert chat.chat_claim_next(desktop_id=elsewhere.id) == other_reply
+    # A finished turn frees its slot for the turn that waited.
+    ChatMessage.objects.filter(id=replies[0].id).update(status="done")
+    assert chat.chat_claim_next(desktop_id=desktops[2].id) == replies[2]
+
+
+def test_instructing_the_agent_takes_the_workspaces_control_role(members, workspace):
+    """The agent reads what its desktop holds, keys included: asking it is controlling the desktop."""
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    workspace.control_role = Role.ADMIN
+    workspace.save()
+    with pytest.raises(Forbidden, match="needs the Admin role"):
+        send(members, desktop, "lis-moi la clé")
+    assert not ChatMessage.objects.filter(desktop=desktop).exists()

@@ -4,15 +4,19 @@ The compute engine is the directory test double; the real engines run the same
 driver contract in their own suites.
 """
 
+import sys
 import time
 
 import pytest
+from django.utils import timezone
 
 from desktops import lifecycle
 from desktops.models import AuditEvent, Desktop, DesktopEvent, Role
-from tests.conftest import client_for
-from tests.factories import api_key_for
+from lebureau.celery import app as celery_app
+from tests.conftest import TEST_QUEUE, client_for, service_env
+from tests.factories import DesktopFactory, api_key_for
 from tests.support.desktops import act, wait_for_state
+from tests.support.services import service_process, workers_answering
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -88,14 +92,16 @@ def test_transient_errors_are_retried(api, driver):
 def test_transient_errors_give_up_into_error(api, driver):
     driver.inject_fault("stuck", "provision", transient=True, times=10, message="engine busy")
     desktop = wait_for_state(create(api, "stuck"), "error")
-    assert "engine busy" in desktop.last_error and "retries" in desktop.last_error
+    assert "could not be created" in desktop.last_error and "retries" in desktop.last_error
+    assert desktop.error_detail == "engine busy"
     assert driver.status(desktop.id).state == "absent"
 
 
 def test_failed_provision_leaves_no_orphan_and_can_be_started_again(api, driver):
     driver.inject_fault("broken", "provision", message="golden image is missing")
     desktop = wait_for_state(create(api, "broken"), "error")
-    assert desktop.last_error == "golden image is missing"
+    assert desktop.last_error.startswith("The desktop could not be created.")
+    assert desktop.error_detail == "golden image is missing"
     assert driver.status(desktop.id).state == "absent"
     assert act(api, desktop.id, "start").status_code == 202
     desktop = wait_for_state(desktop.id, "running")
@@ -108,10 +114,32 @@ def test_permanent_step_failure_puts_the_desktop_in_error_then_destroy_works(api
     driver.inject_fault("wont-stop", "stop", message="the machine refuses to power off")
     act(api, desktop_id, "stop")
     desktop = wait_for_state(desktop_id, "error")
-    assert desktop.last_error == "the machine refuses to power off"
+    assert desktop.last_error.startswith("The desktop could not be stopped.")
+    assert desktop.error_detail == "the machine refuses to power off"
     assert act(api, desktop_id, "destroy").status_code == 202
     wait_for_state(desktop_id, "destroyed")
     assert driver.status(desktop_id).state == "absent"
+
+
+def test_engine_failures_never_show_the_hosts_paths_or_the_clusters_names_to_tenants(api, driver, members):
+    """Engines word their failures for the operators: host paths, nodes, storage. Tenants read none."""
+    internals = "mount /var/lib/lebureau/desktops/x/disk.img failed on node pve-7, storage ceph-fast"
+    driver.inject_fault("leaky", "provision", message=internals)
+    desktop_id = create(api, "leaky")
+    desktop = wait_for_state(desktop_id, "error")
+    assert desktop.error_detail == internals
+    owner = client_for(key=api_key_for(members[Role.OWNER]))
+    audit = owner.get("/api/audit")
+    assert audit.status_code == 200
+    seen = [
+        api.get(f"/api/desktops/{desktop_id}").content,
+        api.get(f"/api/desktops/{desktop_id}/events").content,
+        audit.content,
+    ]
+    for body in seen:
+        for secret in (b"/var/lib", b"pve-7", b"ceph-fast"):
+            assert secret not in body
+    assert b"could not be created" in seen[0]
 
 
 def test_destroy_during_provision_leaves_nothing_behind(api, driver):
@@ -136,3 +164,55 @@ def test_reconcile_reports_orphans_and_vanished_desktops(api, driver):
     assert Desktop.objects.get(id=desktop_id).state == "error"
     assert AuditEvent.objects.filter(action="reconcile.orphan", target="dsk_orphan0000000000").count() == 1
     driver.destroy("dsk_orphan0000000000")
+
+
+def test_a_workspace_takes_at_most_its_share_of_lifecycle_slots(members, workspace, settings):
+    settings.LIFECYCLE_STEPS_PER_WORKSPACE = 2
+    busy = [DesktopFactory(workspace=workspace) for _ in range(3)]
+    assert lifecycle.desktop_step_slot(desktop_id=busy[0].id, seconds=60)
+    assert lifecycle.desktop_step_slot(desktop_id=busy[1].id, seconds=60)
+    assert not lifecycle.desktop_step_slot(desktop_id=busy[2].id, seconds=60)
+    assert lifecycle.desktop_step_slot(desktop_id=DesktopFactory().id, seconds=60), "another workspace waited"
+    lifecycle.desktop_step_slot_free(desktop_id=busy[0].id)
+    assert lifecycle.desktop_step_slot(desktop_id=busy[2].id, seconds=60)
+    # A slot whose worker died (past its time limit) is not counted for ever.
+    Desktop.objects.filter(id__in=[busy[1].id, busy[2].id]).update(step_until=timezone.now())
+    assert lifecycle.desktop_step_slot(desktop_id=busy[0].id, seconds=60)
+
+
+def test_one_tenants_burst_of_creates_does_not_hold_up_anothers_stop(
+    api, driver, members, celery_worker, driver_dir, tmp_path_factory
+):
+    """Fifty creates from one workspace used to fill every worker slot: another tenant's stop waited
+    behind them all. A workspace now takes at most LIFECYCLE_STEPS_PER_WORKSPACE slots at once."""
+    other = client_for(key=api_key_for(members["outsider"]))
+    response = other.post("/api/desktops", {"name": "elsewhere"}, format="json")
+    other_id = response.json()["id"]
+    wait_for_state(other_id, "running")
+    node = next(
+        n for reply in celery_app.control.ping(timeout=1) for n in reply if n.startswith("lifecycle@")
+    )
+    celery_app.control.cancel_consumer(TEST_QUEUE, destination=[node], reply=True)
+    basetemp = tmp_path_factory.getbasetemp()
+    env = service_env(driver_dir, basetemp, LIFECYCLE_STEPS_PER_WORKSPACE="1", DRIVER_RETRY_MAX="2")
+    args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_QUEUE, "-c", "2"]
+    try:
+        with service_process(
+            "fair-worker",
+            [*args, "-n", "fair@%h"],
+            env,
+            basetemp,
+            lambda: workers_answering(celery_app, "fair@"),
+        ):
+            busy = []
+            for i in range(6):
+                driver.inject_fault(f"busy-{i}", "provision", message=None, delay=1.5)
+                busy.append(create(api, f"busy-{i}"))
+            assert act(other, other_id, "stop").status_code == 202
+            wait_for_state(other_id, "stopped", timeout=30)
+            still_provisioning = Desktop.objects.filter(id__in=busy, state="provisioning").count()
+            assert still_provisioning >= 4, "the other tenant's stop waited behind the burst"
+            for desktop_id in busy:
+                wait_for_state(desktop_id, "running", timeout=60)
+    finally:
+        celery_app.control.add_consumer(TEST_QUEUE, destination=[node], reply=True)

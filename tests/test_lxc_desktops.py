@@ -121,3 +121,29 @@ def test_resource_use_is_read_from_the_container(lxc_api, workspace, client, mem
     client.force_login(members["member"].user)
     page = client.get(f"/desktops/{desktop.id}/").content.decode()
     assert "MiB of memory" in page and "s of CPU since start" in page
+
+
+def test_one_tenants_long_agent_turns_do_not_hold_up_anothers_stop(lxc_api, workspace, members):
+    """Agent turns used to be followed on the lifecycle queue: four slow turns of one tenant and
+    nobody's desktop started or stopped (a stop took 51 s instead of 0.7). Turns have their own
+    queue and workers now."""
+    from desktops.models import ChatMessage
+    from tests.conftest import client_for
+    from tests.factories import api_key_for
+
+    workspace.agent_command = "sleep 25; echo {message}"
+    workspace.save(update_fields=["agent_command"])
+    slow = [provision(lxc_api, f"slow-{i}") for i in range(4)]
+    other_api = client_for(key=api_key_for(members["outsider"]))
+    other = provision(other_api, "elsewhere")
+    turns = [
+        lxc_api.post(f"/api/desktops/{d.id}/chat", {"message": "long"}, format="json").json() for d in slow
+    ]
+    deadline = time.monotonic() + 20
+    while ChatMessage.objects.filter(id__in=[t["id"] for t in turns], status="running").count() < 4:
+        assert time.monotonic() < deadline, "the slow turns never started"
+        time.sleep(0.2)
+    assert act(other_api, other.id, "stop").status_code == 202
+    assert wait_for_state(other.id, "stopped", "error", timeout=20).state == "stopped"
+    still_running = ChatMessage.objects.filter(id__in=[t["id"] for t in turns], status="running").count()
+    assert still_running == 4, "the other tenant's stop waited for the agent turns to end"

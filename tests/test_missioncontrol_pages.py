@@ -137,27 +137,48 @@ def test_llm_keys_add_rotate_remove_show_only_the_last_four(client, members, wor
     assert not LLMKey.objects.filter(workspace=workspace).exists()
 
 
-def test_invite_by_email_then_join_on_confirmed_sign_up(
+def test_an_invitation_is_accepted_by_its_invitee_from_the_confirmed_address(
     client, members, workspace, django_capture_on_commit_callbacks
 ):
     logged_in(client, members[Role.ADMIN])
     with django_capture_on_commit_callbacks(execute=True):
         client.post(f"/w/{workspace.id}/members/invite/", {"email": "newcomer@example.com", "role": "viewer"})
     invitation = Invitation.objects.get(workspace=workspace)
-    assert mail.outbox and "newcomer@example.com" in mail.outbox[0].to
+    assert (
+        mail.outbox and "newcomer@example.com" in mail.outbox[0].to and "/invitations/" in mail.outbox[0].body
+    )
     newcomer = UserFactory(email="newcomer@example.com")
-    newcomer.emailaddress_set.create(email="newcomer@example.com", verified=True, primary=True)
+    address = newcomer.emailaddress_set.create(email="newcomer@example.com", verified=False, primary=True)
     client.force_login(newcomer)
+    # Not yet confirmed: the invitation waits, and nothing joins.
+    page = client.get("/invitations/").content.decode()
+    assert "once you confirm" in page and workspace.name not in page
+    assert not newcomer.memberships.filter(workspace=workspace).exists()
+    address.verified = True
+    address.save()
+    assert client.get("/").url == "/invitations/"  # invited, they answer before anything else
+    assert workspace.name in client.get("/invitations/").content.decode()
+    client.post("/invitations/", {"invitation": invitation.id, "answer": "accept"})
     assert newcomer.memberships.get(workspace=workspace).role == Role.VIEWER
     invitation.refresh_from_db()
     assert invitation.accepted_at is not None
 
 
-def test_invite_of_an_existing_user_adds_them_at_once(client, members, workspace):
+def test_inviting_says_the_same_whether_the_address_has_an_account_or_not(client, members, workspace):
+    """The invite form once added existing accounts at once and told so: a way to learn who has one."""
     existing = UserFactory()
     logged_in(client, members[Role.ADMIN])
-    client.post(f"/w/{workspace.id}/members/invite/", {"email": existing.email, "role": "member"})
-    assert existing.memberships.get(workspace=workspace).role == Role.MEMBER
+    answers = [
+        client.post(f"/w/{workspace.id}/members/invite/", {"email": email, "role": "member"}, follow=True)
+        for email in (existing.email, "nobody-here@example.com")
+    ]
+    messages_shown = [[str(m) for m in answer.context["messages"]] for answer in answers]
+    assert (
+        messages_shown[0]
+        == messages_shown[1]
+        == ["Invitation sent: they join once they accept it from that address."]
+    )
+    assert not existing.memberships.filter(workspace=workspace).exists()
 
 
 def test_roles_change_and_members_leave_by_the_settings_page(client, members, workspace):

@@ -8,6 +8,7 @@ import paramiko
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.utils.translation import gettext as _
 
 from desktops import agent_config, chat, engines, lifecycle, selectors
 from desktops.engines import TransientDriverError
@@ -23,13 +24,24 @@ class DesktopStepTask(Task):
     action = ""
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):
+        detail = ""
         if isinstance(exc, SoftTimeLimitExceeded):
-            message = f"The {self.action} step took longer than {TIME_LIMITS[self.action]} s."
+            message = _("The %(step)s step took longer than %(seconds)s s.") % {
+                "step": self.action,
+                "seconds": TIME_LIMITS[self.action],
+            }
         elif isinstance(exc, TransientDriverError):
-            message = f"{exc.message} (gave up after {self.max_retries} retries)"
+            message = _("%(failure)s (gave up after %(retries)s retries)") % {
+                "failure": lifecycle.engine_failure(exc, self.action),
+                "retries": self.max_retries,
+            }
+            detail = exc.message
         else:
-            message = f"The {self.action} step failed unexpectedly ({type(exc).__name__})."
-        lifecycle.desktop_step_failed(desktop_id=kwargs["desktop_id"], action=self.action, message=message)
+            message = _("The %(step)s step failed unexpectedly.") % {"step": self.action}
+            detail = f"{type(exc).__name__}: {exc}"
+        lifecycle.desktop_step_failed(
+            desktop_id=kwargs["desktop_id"], action=self.action, message=message, detail=detail
+        )
 
 
 # A desktop that has just come up gets the agent runtime's configuration (keys may have changed meanwhile).

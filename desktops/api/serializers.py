@@ -9,6 +9,7 @@ from desktops.models import (
     ChatMessage,
     Desktop,
     DesktopEvent,
+    Invitation,
     LLMKey,
     LLMProvider,
     Membership,
@@ -16,6 +17,7 @@ from desktops.models import (
     Role,
     Workspace,
 )
+from desktops.selectors import chat_content
 
 
 class PlanSerializer(serializers.ModelSerializer):
@@ -64,8 +66,8 @@ class DesktopEventSerializer(serializers.ModelSerializer):
 class WorkspaceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["id", "name", "agent_command", "created_at"]
-        read_only_fields = ["agent_command"]
+        fields = ["id", "name", "agent_command", "control_role", "created_at"]
+        read_only_fields = ["agent_command", "control_role"]
 
 
 class WorkspaceUpdateSerializer(serializers.Serializer):
@@ -75,6 +77,11 @@ class WorkspaceUpdateSerializer(serializers.Serializer):
         required=False,
         allow_blank=True,
         help_text="Run in a desktop per chat message; {session} and {message} are filled in. Blank: default.",
+    )
+    control_role = serializers.ChoiceField(
+        choices=[Role.MEMBER, Role.ADMIN, Role.OWNER],
+        required=False,
+        help_text="The lowest role that may take control of a desktop (and so read what it holds: keys).",
     )
 
 
@@ -103,9 +110,19 @@ class MembershipSerializer(serializers.ModelSerializer):
         fields = ["id", "email", "role", "created_at"]
 
 
-class MembershipCreateSerializer(serializers.Serializer):
+class InvitationCreateSerializer(serializers.Serializer):
     email = serializers.EmailField()
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    workspace_id = serializers.CharField(read_only=True)
+    workspace_name = serializers.CharField(source="workspace.name", read_only=True)
+    invited_by = serializers.EmailField(source="invited_by.email", read_only=True, default=None)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "workspace_id", "workspace_name", "email", "role", "invited_by", "created_at"]
 
 
 class MembershipUpdateSerializer(serializers.Serializer):
@@ -214,6 +231,10 @@ class ChatSendSerializer(serializers.Serializer):
 
 class ChatMessageSerializer(serializers.ModelSerializer):
     reply_to = serializers.CharField(source="reply_to_id", read_only=True)
+    content = serializers.SerializerMethodField(help_text="So far, while the agent is still answering.")
+
+    def get_content(self, message) -> str:
+        return chat_content(message)
 
     class Meta:
         model = ChatMessage

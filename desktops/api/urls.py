@@ -1,5 +1,5 @@
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
 from desktops.api import views
@@ -17,13 +17,15 @@ router = Router()
 router.register("desktops", views.DesktopViewSet, basename="desktop")
 router.register("plans", views.PlanViewSet, basename="plan")
 router.register("workspaces", views.WorkspaceViewSet, basename="workspace")
+router.register("invitations", views.InvitationViewSet, basename="invitation")
 router.register("keys", views.ApiKeyViewSet, basename="api-key")
 router.register("llm-keys", views.LLMKeyViewSet, basename="llm-key")
 router.register("audit", views.AuditViewSet, basename="audit")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # The split view serves its start-up script as a file: the pages' CSP allows no inline script.
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
     *router.urls,
     re_path(r"^.*$", not_found),
 ]

@@ -1,18 +1,27 @@
 """Thin views: parse input, call a selector or a service, shape the output."""
 
+from django.conf import settings
 from django.db import transaction
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
 from billing.selectors import agent_usage_of_desktop, agent_usage_of_workspace
 from desktops import selectors, services
 from desktops.api import serializers as s
-from desktops.audit import Actor, audit_record
+from desktops.audit import Actor
 from desktops.errors import Forbidden
 from desktops.models import DesktopState, Role
 from desktops.relays import relay_tickets_mint
+
+
+class BodyTooLarge(APIException):
+    status_code = 413
+    default_code = "too_large"
+    default_detail = _("The request's body is too large for the API.")
 
 
 class WorkspaceQuery(serializers.Serializer):
@@ -20,13 +29,18 @@ class WorkspaceQuery(serializers.Serializer):
 
 
 class ApiViewSet(viewsets.GenericViewSet):
-    """Base of every endpoint: knows its actor and writes one audit event per request."""
-
-    audit_workspace_id = ""
+    """Base of every endpoint: knows its actor. What people do is audited by the services they call;
+    reads (a page polling, a script listing) are not."""
 
     @property
     def actor(self) -> Actor:
         return Actor.from_request(self.request)
+
+    def initial(self, request, *args, **kwargs):
+        # Refused before a byte of it is parsed: the API takes small JSON documents only.
+        if int(request.META.get("CONTENT_LENGTH") or 0) > settings.API_MAX_BODY_BYTES:
+            raise BodyTooLarge
+        super().initial(request, *args, **kwargs)
 
     def workspace(self, workspace_id: str | None, minimum: Role = Role.VIEWER):
         if workspace_id:
@@ -34,18 +48,12 @@ class ApiViewSet(viewsets.GenericViewSet):
         else:
             workspace = selectors.workspace_default(actor=self.actor)
             selectors.workspace_get(actor=self.actor, workspace_id=workspace.id, minimum=minimum)
-        self.audit_workspace_id = workspace.id
         return workspace
 
     def managed(self) -> str | None:
         """The `?workspace=` a key list is narrowed to, once the actor is known to manage it."""
         workspace_id = self.valid(WorkspaceQuery, self.request.query_params).get("workspace")
         return workspace_id and self.workspace(workspace_id, minimum=Role.ADMIN).id
-
-    def scoped(self, found):
-        """Remember whose object this request touched, for the audit trail."""
-        self.audit_workspace_id = found.workspace_id
-        return found
 
     def valid(self, serializer_class, data):
         serializer = serializer_class(data=data)
@@ -55,19 +63,6 @@ class ApiViewSet(viewsets.GenericViewSet):
     def page(self, queryset, serializer_class):
         page = self.paginate_queryset(queryset)
         return self.get_paginated_response(serializer_class(page, many=True).data)
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        response = super().finalize_response(request, response, *args, **kwargs)
-        actor = Actor.from_request(request)
-        audit_record(
-            actor=actor,
-            action="api.request",
-            workspace_id=self.audit_workspace_id or (actor.api_key.workspace_id if actor.api_key else ""),
-            target=request.path,
-            method=request.method,
-            status=response.status_code,
-        )
-        return response
 
 
 class DesktopListQuery(serializers.Serializer):
@@ -135,8 +130,9 @@ class DesktopViewSet(ApiViewSet):
         """The conversation with the desktop's agent; POST a message, the answer arrives in it."""
         if request.method == "GET":
             return self.page(selectors.chat_list(desktop=self._desktop(pk)), s.ChatMessageSerializer)
+        desktop = self._desktop(pk)  # who may, before reading what they sent
         message = self.valid(s.ChatSendSerializer, request.data)["message"]
-        reply = services.chat_send(actor=self.actor, desktop=self._desktop(pk, Role.MEMBER), message=message)
+        reply = services.chat_send(actor=self.actor, desktop=desktop, message=message)
         return Response(s.ChatMessageSerializer(reply).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=s.AgentUsageSerializer)
@@ -161,7 +157,7 @@ class DesktopViewSet(ApiViewSet):
         )
 
     def _desktop(self, pk, minimum=Role.VIEWER):
-        return self.scoped(selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum))
+        return selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum)
 
     def _act(self, pk, step):
         desktop = services.desktop_act(actor=self.actor, desktop=self._desktop(pk, Role.MEMBER), action=step)
@@ -184,7 +180,6 @@ class WorkspaceViewSet(ApiViewSet):
             raise Forbidden("An API key belongs to one workspace; create workspaces from Mission Control.")
         data = self.valid(s.WorkspaceSerializer, request.data)
         workspace = services.workspace_create(user=request.user, name=data["name"])
-        self.audit_workspace_id = workspace.id
         return Response(s.WorkspaceSerializer(workspace).data, status=status.HTTP_201_CREATED)
 
     def retrieve(self, request, pk):
@@ -192,14 +187,18 @@ class WorkspaceViewSet(ApiViewSet):
 
     @extend_schema(request=s.WorkspaceUpdateSerializer)
     def partial_update(self, request, pk):
+        workspace = self.workspace(pk, minimum=Role.ADMIN)
         data = self.valid(s.WorkspaceUpdateSerializer, request.data)
-        workspace = self.workspace(pk)
-        with transaction.atomic():  # both changes or neither
+        with transaction.atomic():  # every change or none
             if "name" in data:
                 workspace = services.workspace_rename(actor=self.actor, workspace_id=pk, name=data["name"])
             if "agent_command" in data:
                 workspace = services.workspace_agent_command_set(
                     actor=self.actor, workspace_id=pk, command=data["agent_command"]
+                )
+            if "control_role" in data:
+                workspace = services.workspace_control_role_set(
+                    actor=self.actor, workspace_id=pk, role=data["control_role"]
                 )
         return Response(s.WorkspaceSerializer(workspace).data)
 
@@ -216,15 +215,27 @@ class WorkspaceViewSet(ApiViewSet):
         desktops = [{"desktop_id": i, "name": n, **vars(u)} for i, n, u in per_desktop]
         return Response(s.WorkspaceUsageSerializer({"total": total, "desktops": desktops}).data)
 
-    @extend_schema(request=s.MembershipCreateSerializer, responses=s.MembershipSerializer(many=True))
-    @action(detail=True, methods=["get", "post"])
+    @extend_schema(responses=s.MembershipSerializer(many=True))
+    @action(detail=True, methods=["get"])
     def members(self, request, pk):
-        workspace = self.workspace(pk)
+        return self.page(selectors.membership_list(workspace=self.workspace(pk)), s.MembershipSerializer)
+
+    @extend_schema(request=s.InvitationCreateSerializer, responses={201: s.InvitationSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def invitations(self, request, pk):
+        """Invite someone by e-mail; they join once they accept from that address, confirmed."""
+        workspace = self.workspace(pk, minimum=Role.ADMIN)
         if request.method == "GET":
-            return self.page(selectors.membership_list(workspace=workspace), s.MembershipSerializer)
-        data = self.valid(s.MembershipCreateSerializer, request.data)
-        membership = services.membership_add(actor=self.actor, workspace_id=pk, **data)
-        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+            return self.page(selectors.invitations_pending(workspace=workspace), s.InvitationSerializer)
+        data = self.valid(s.InvitationCreateSerializer, request.data)
+        invitation = services.member_invite(actor=self.actor, workspace_id=workspace.id, **data)
+        return Response(s.InvitationSerializer(invitation).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["delete"], url_path=r"invitations/(?P<invitation_id>inv_[a-z0-9]+)")
+    def invitation(self, request, pk, invitation_id):
+        workspace = self.workspace(pk, minimum=Role.ADMIN)
+        services.invitation_revoke(actor=self.actor, workspace_id=workspace.id, invitation_id=invitation_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=s.MembershipUpdateSerializer, responses=s.MembershipSerializer)
     @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<membership_id>mem_[a-z0-9]+)")
@@ -238,6 +249,34 @@ class WorkspaceViewSet(ApiViewSet):
             actor=self.actor, workspace_id=pk, membership_id=membership_id, role=data["role"]
         )
         return Response(s.MembershipSerializer(membership).data)
+
+
+class InvitationViewSet(ApiViewSet):
+    """Invitations to the signed-in person's confirmed addresses, which only they can answer."""
+
+    serializer_class = s.InvitationSerializer
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if self.actor.api_key is not None:
+            raise Forbidden(
+                _("An API key acts in its workspace only: answer invitations from Mission Control.")
+            )
+
+    def list(self, request):
+        return self.page(selectors.invitations_for(user=request.user), s.InvitationSerializer)
+
+    @extend_schema(request=None, responses={200: s.MembershipSerializer})
+    @action(detail=True, methods=["post"])
+    def accept(self, request, pk):
+        membership = services.invitation_answer(user=request.user, invitation_id=pk, accept=True)
+        return Response(s.MembershipSerializer(membership).data)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["post"])
+    def decline(self, request, pk):
+        services.invitation_answer(user=request.user, invitation_id=pk, accept=False)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ApiKeyViewSet(ApiViewSet):
@@ -258,7 +297,7 @@ class ApiKeyViewSet(ApiViewSet):
         return Response(s.ApiKeyCreatedSerializer(key).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, pk):
-        key = self.scoped(selectors.api_key_get(actor=self.actor, key_id=pk))
+        key = selectors.api_key_get(actor=self.actor, key_id=pk)
         services.api_key_revoke(actor=self.actor, workspace_id=key.workspace_id, key_id=key.id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -297,7 +336,7 @@ class LLMKeyViewSet(ApiViewSet):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     def _key(self, pk):
-        return self.scoped(selectors.llm_key_get(actor=self.actor, key_id=pk))
+        return selectors.llm_key_get(actor=self.actor, key_id=pk)
 
 
 class AuditQuery(serializers.Serializer):

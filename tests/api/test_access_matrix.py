@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from desktops.models import Role
+from desktops.models import Invitation, Role
 from tests.conftest import client_for
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
 
@@ -115,10 +115,32 @@ CASES = [
     Case("delete workspace", Role.OWNER, 204, lambda ws, m: ("delete", f"/api/workspaces/{ws.id}", None)),
     Case("list members", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}/members", None)),
     Case(
-        "add member",
+        "invite someone",
         Role.ADMIN,
         201,
-        lambda ws, m: ("post", f"/api/workspaces/{ws.id}/members", {"email": MembershipFactory().user.email}),
+        lambda ws, m: (
+            "post",
+            f"/api/workspaces/{ws.id}/invitations",
+            {"email": MembershipFactory().user.email},
+        ),
+    ),
+    Case(
+        "list invitations",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("get", f"/api/workspaces/{ws.id}/invitations", None),
+    ),
+    Case(
+        "withdraw an invitation",
+        Role.ADMIN,
+        204,
+        lambda ws, m: ("delete", f"/api/workspaces/{ws.id}/invitations/{_invitation(ws, m)}", None),
+    ),
+    Case(
+        "set who may take control",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("patch", f"/api/workspaces/{ws.id}", {"controlRole": "admin"}),
     ),
     Case(
         "change role",
@@ -170,6 +192,10 @@ CASES = [
     ),
     Case("read audit", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/audit?workspace={ws.id}", None)),
 ]
+
+
+def _invitation(workspace, members) -> str:
+    return Invitation.objects.create(workspace=workspace, email="someone@example.com", role=Role.MEMBER).id
 
 
 def expected(case: Case, role) -> int:

@@ -36,6 +36,11 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 20) -> 
         time.sleep(0.05)
 
 
+def workers_answering(app, prefix: str) -> bool:
+    """Whether a Celery worker whose node name starts with `prefix` answers a ping."""
+    return any(name.startswith(prefix) for reply in app.control.ping(timeout=0.5) for name in reply)
+
+
 @contextmanager
 def running(args: list[str], port: int, **kwargs):
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs)

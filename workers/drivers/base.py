@@ -17,13 +17,28 @@ from workers.drivers.ssh import control_plane_public_key
 
 
 class DriverError(Exception):
-    """A driver step failed. Permanent unless raised as :class:`TransientDriverError`."""
+    """A driver step failed. Permanent unless raised as :class:`TransientDriverError`.
+
+    ``message`` is for the operators (it may name host paths, nodes, storage). ``reason``, one of
+    REASONS, is what the desktop's owner is told (in their language, by the domain); without one,
+    they are told in general words that the engine failed.
+    """
 
     transient = False
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, reason: str = ""):
         super().__init__(message)
         self.message = message
+        self.reason = reason
+
+
+# Failures whose cause the desktop's owner can act on.
+NO_CAPACITY = "no_capacity"
+INVALID_SPEC = "invalid_spec"
+IMAGE_MISSING = "image_missing"
+NOT_SUSPENDABLE = "not_suspendable"
+NOT_RESUMABLE = "not_resumable"
+NOT_PROVISIONED = "not_provisioned"
 
 
 class TransientDriverError(DriverError):
@@ -125,11 +140,15 @@ def guest_hostname(name: str) -> str:
 def check_spec(spec: InstanceSpec, *, min_memory_mib: int) -> None:
     """Refuse, permanently and in words, what no engine can build."""
     if not _HOSTNAME.fullmatch(guest_hostname(spec.hostname)):
-        raise DriverError(f"{spec.hostname!r} is not a valid hostname (letters, digits and '-', at most 63)")
+        raise DriverError(
+            f"{spec.hostname!r} is not a valid hostname (letters, digits and '-', at most 63)",
+            reason=INVALID_SPEC,
+        )
     if spec.vcpus < 1 or spec.memory_mib < min_memory_mib or spec.disk_gib < 1:
         raise DriverError(
             f"desktop {spec.key} needs at least 1 vCPU, {min_memory_mib} MiB of memory and 1 GiB of disk "
-            f"(asked: {spec.vcpus}, {spec.memory_mib} MiB, {spec.disk_gib} GiB)"
+            f"(asked: {spec.vcpus}, {spec.memory_mib} MiB, {spec.disk_gib} GiB)",
+            reason=INVALID_SPEC,
         )
 
 

@@ -17,6 +17,11 @@ import shutil
 from pathlib import Path
 
 from workers.drivers.base import (
+    IMAGE_MISSING,
+    NO_CAPACITY,
+    NOT_PROVISIONED,
+    NOT_RESUMABLE,
+    NOT_SUSPENDABLE,
     ComputeDriver,
     ControlPlane,
     DriverError,
@@ -81,7 +86,10 @@ class LxcDriver(ComputeDriver):
             base = self.store.dir(key)
             if self.lxc.state(key) == InstanceState.STOPPED:
                 if not (base / "seeded").exists():
-                    raise DriverError(f"desktop {key} was never fully provisioned: provision it again")
+                    raise DriverError(
+                        f"desktop {key} was never fully provisioned: provision it again",
+                        reason=NOT_PROVISIONED,
+                    )
                 self._sync_network()
                 storage.mount(base, meta["image"], self.config.id_base)
             if self.lxc.thaw_or_start(key, base / "lxc.log"):
@@ -102,7 +110,9 @@ class LxcDriver(ComputeDriver):
             self.store.existing(key, "suspend")
             state = self.lxc.state(key)
             if state == InstanceState.STOPPED:
-                raise DriverError(f"desktop {key} is stopped: there is nothing in memory to suspend")
+                raise DriverError(
+                    f"desktop {key} is stopped: there is nothing in memory to suspend", reason=NOT_SUSPENDABLE
+                )
             if state == InstanceState.RUNNING:
                 self.lxc.tool("lxc-freeze", key)
             return self._status(key)
@@ -113,7 +123,9 @@ class LxcDriver(ComputeDriver):
             self.store.existing(key, "resume")
             state = self.lxc.state(key)
             if state == InstanceState.STOPPED:
-                raise DriverError(f"desktop {key} is stopped, not suspended: start it instead")
+                raise DriverError(
+                    f"desktop {key} is stopped, not suspended: start it instead", reason=NOT_RESUMABLE
+                )
             if state == InstanceState.SUSPENDED:
                 self.lxc.tool("lxc-unfreeze", key)
             return self._status(key)
@@ -194,7 +206,8 @@ class LxcDriver(ComputeDriver):
         if not (image / "image.json").is_file() or not (image / "rootfs").is_dir():
             raise DriverError(
                 f"the golden image '{profile}' is not built on this host "
-                f"(no {image}/rootfs): run image-build/build.sh {profile}"
+                f"(no {image}/rootfs): run image-build/build.sh {profile}",
+                reason=IMAGE_MISSING,
             )
         image_id_base = json.loads((image / "image.json").read_text()).get("id_base")
         if image_id_base != self.config.id_base:
@@ -214,7 +227,9 @@ class LxcDriver(ComputeDriver):
             # The first address is the host's own end of the bridge.
             free = next((str(ip) for ip in list(subnet.hosts())[1:] if str(ip) not in taken), None)
             if free is None:
-                raise DriverError(f"No address is left on {subnet}: destroy a desktop first.")
+                raise DriverError(
+                    f"No address is left on {subnet}: destroy a desktop first.", reason=NO_CAPACITY
+                )
             meta = {
                 "key": spec.key,
                 "ip": free,

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 from workers.drivers.base import (
+    NOT_RESUMABLE,
+    NOT_SUSPENDABLE,
     ComputeDriver,
     ConsoleTicket,
     ControlPlane,
@@ -120,7 +122,9 @@ class ProxmoxDriver(ComputeDriver):
     def suspend(self, key: str) -> InstanceStatus:
         vm = self.pve.existing(key, "suspend")
         if vm.status == "stopped":
-            raise DriverError(f"desktop {key} is stopped: there is nothing in memory to suspend")
+            raise DriverError(
+                f"desktop {key} is stopped: there is nothing in memory to suspend", reason=NOT_SUSPENDABLE
+            )
         if not self.pve.paused(vm):
             self.pve.task(vm, "suspend", self.pve.vm(vm).status.suspend.post)
         return self.machines.status_of(vm, key)
@@ -128,7 +132,9 @@ class ProxmoxDriver(ComputeDriver):
     def resume(self, key: str) -> InstanceStatus:
         vm = self.pve.existing(key, "resume")
         if vm.status == "stopped":
-            raise DriverError(f"desktop {key} is stopped, not suspended: start it instead")
+            raise DriverError(
+                f"desktop {key} is stopped, not suspended: start it instead", reason=NOT_RESUMABLE
+            )
         if self.pve.paused(vm):
             self.pve.task(vm, "resume", self.pve.vm(vm).status.resume.post)
         return self.machines.status_of(vm, key)

@@ -11,6 +11,7 @@ from urllib.parse import quote
 from proxmoxer import ResourceException
 
 from workers.drivers.base import (
+    IMAGE_MISSING,
     DriverError,
     InstanceSpec,
     InstanceState,
@@ -67,11 +68,17 @@ class Machines:
         vmid = self.config.templates.get(profile)
         if vmid is None:
             known = ", ".join(sorted(self.config.templates)) or "none"
-            raise DriverError(f"no Proxmox template for the image profile {profile!r} (configured: {known})")
+            raise DriverError(
+                f"no Proxmox template for the image profile {profile!r} (configured: {known})",
+                reason=IMAGE_MISSING,
+            )
         resources = self.pve.call("list VMs", self.pve.api.cluster.resources.get, type="vm")
         found = next((r for r in resources if int(r.get("vmid", 0)) == vmid), None)
         if found is None or not found.get("template"):
-            raise DriverError(f"the template VM {vmid} of profile {profile!r} is missing or not a template")
+            raise DriverError(
+                f"the template VM {vmid} of profile {profile!r} is missing or not a template",
+                reason=IMAGE_MISSING,
+            )
         return PveVm(vmid, found["node"], found.get("name", ""), "stopped", (), "")
 
     def configure_hardware(

@@ -7,7 +7,7 @@ import contextlib
 import threading
 from collections import Counter
 
-from workers.drivers.base import DriverError
+from workers.drivers.base import NO_CAPACITY, DriverError
 from workers.drivers.proxmox.api import PveApi, workspace_tag
 from workers.drivers.proxmox.config import ProxmoxConfig
 
@@ -72,7 +72,8 @@ class Placement:
                 best = ", ".join(f"{n}: {m} MiB and {c:g} vCPUs free" for n, (m, c) in sorted(room.items()))
                 raise DriverError(
                     f"no capacity: no Proxmox node has {memory_mib} MiB and {vcpus} vCPUs free after the "
-                    f"{self.config.memory_reserve_mib} MiB reserve ({best or 'no node online'})"
+                    f"{self.config.memory_reserve_mib} MiB reserve ({best or 'no node online'})",
+                    reason=NO_CAPACITY,
                 )
             chosen = max(fitting, key=lambda n: fitting[n])
             mem, cores = self._pending.get(chosen, (0, 0))

@@ -1,0 +1,153 @@
+"""The web side of the trust boundary, each attack tried and failing: guessing the admin's password,
+starting a deployment insecure, reading a workspace's live stream after leaving it, smuggling a
+formula into a spreadsheet, the switcher answering 500."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from django.test import Client
+
+from desktops import services
+from desktops.audit import Actor
+from desktops.events import DesktopStateChanged, publish_state_change
+from desktops.models import AuditEvent, Role
+from tests.conftest import ROOT, web_server
+from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_admins_sign_in_is_mission_controls_own_which_limits_failed_attempts(client, settings):
+    """/admin/login/ once answered 23 wrong passwords in a row, all 200."""
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    tried = client.post("/admin/login/", {"username": staff.username, "password": "guess"})
+    assert tried.status_code == 302 and tried.url.startswith("/accounts/login/")
+    for i in range(6):
+        client.post("/accounts/login/", {"login": staff.email, "password": f"guess-{i}"})
+    # Past the limit, even the right password is turned away for a while.
+    right = client.post("/accounts/login/", {"login": staff.email, "password": PASSWORD})
+    assert right.status_code == 200 and "Too many failed login attempts" in right.content.decode()
+    assert client.get("/admin/").status_code == 302, "signed in past the limit"
+
+
+def start_up(**environment) -> subprocess.CompletedProcess:
+    """Load the settings as a deployment would, with this environment (and no .env of its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SITE_URL", "SECRET_KEY"))}
+    env.update(environment)
+    code = "import lebureau.settings as s; print(s.SESSION_COOKIE_SECURE, s.SECURE_HSTS_SECONDS)"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+GOOD_KEY = "k" + "x7Q2-pL9_mZ4vB8nR1tW6yU3oI5aS0dF" * 2
+
+
+@pytest.mark.parametrize(
+    ("environment", "refusal"),
+    [
+        (
+            {"DJANGO_DEBUG": "true", "SITE_URL": "https://bureau.example.com", "SECRET_KEY": GOOD_KEY},
+            "development",
+        ),
+        ({"DJANGO_DEBUG": "false", "SITE_URL": "https://bureau.example.com", "SECRET_KEY": "short"}, "weak"),
+        ({"DJANGO_DEBUG": "false", "SITE_URL": "http://bureau.example.com", "SECRET_KEY": GOOD_KEY}, "https"),
+    ],
+)
+def test_a_deployment_does_not_start_insecure_by_accident(environment, refusal):
+    result = start_up(**environment)
+    assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr and refusal in result.stderr
+
+
+def test_a_deployment_on_https_gets_secure_cookies_and_hsts():
+    result = start_up(DJANGO_DEBUG="false", SITE_URL="https://bureau.example.com", SECRET_KEY=GOOD_KEY)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", str(365 * 24 * 3600)]
+
+
+def test_pages_carry_a_content_security_policy(client):
+    policy = client.get("/accounts/login/")["Content-Security-Policy"]
+    assert (
+        "script-src 'self'" in policy
+        and "frame-ancestors 'none'" in policy
+        and "unsafe-inline" not in policy.split("style-src")[0]
+    )
+
+
+def test_the_workspace_switcher_refuses_a_workspace_that_is_not_yours(client, members, workspace):
+    client.force_login(members[Role.MEMBER].user)
+    other = members["outsider"].workspace
+    for wanted in (other.id, "", "nonsense"):
+        response = client.get(f"/switch/?workspace={wanted}")
+        assert response.status_code == 302 and response.url == "/", wanted
+    assert client.get(f"/switch/?workspace={workspace.id}").url == f"/w/{workspace.id}/desktops/"
+
+
+def test_exported_audit_cells_cannot_run_as_formulas(client, members, workspace):
+    AuditEvent.objects.create(
+        actor="user:x", workspace_id=workspace.id, action="desktop.create", request_id="=cmd|' /C calc'!A0"
+    )
+    client.force_login(members[Role.ADMIN].user)
+    response = client.get(f"/w/{workspace.id}/audit/?format=csv")
+    body = b"".join(response.streaming_content).decode()
+    assert "'=cmd|" in body and ",=cmd" not in body
+
+
+class Stream:
+    """A page's live event stream, read in a thread: what arrived, and whether the server ended it."""
+
+    def __init__(self, url: str, session_cookie: str):
+        self.events: list[dict] = []
+        self.ended = threading.Event()
+        self.opened = threading.Event()
+        self.response = requests.get(url, cookies={"sessionid": session_cookie}, stream=True, timeout=30)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        kind = ""
+        try:
+            for line in self.response.iter_lines(decode_unicode=True):
+                if line.startswith("event: "):
+                    kind = line.removeprefix("event: ")
+                    if kind == "stream-open":
+                        self.opened.set()
+                elif line.startswith("data: {") and kind in ("desktop", "chat"):
+                    self.events.append(json.loads(line.removeprefix("data: ")))
+        except Exception:  # noqa: S110 (the test closing the response ends the read, however the HTTP stack says so)
+            pass
+        self.ended.set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_removed_members_open_stream_is_cut_at_once(driver_dir, tmp_path_factory, workspace, plan):
+    """A removed member's open page used to keep receiving the workspace's events (answers included)."""
+    owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
+    leaving = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    staying = MembershipFactory(workspace=workspace, role=Role.VIEWER)
+    desktop = DesktopFactory(workspace=workspace)
+    with web_server(driver_dir, tmp_path_factory.getbasetemp()) as site:
+        streams = {}
+        for name, membership in (("leaving", leaving), ("staying", staying)):
+            browser = Client()
+            browser.force_login(membership.user)
+            streams[name] = Stream(f"{site}/events/w/{workspace.id}/", browser.cookies["sessionid"].value)
+            assert streams[name].opened.wait(10)
+        services.membership_remove(
+            actor=Actor(user=owner.user), workspace_id=workspace.id, membership_id=leaving.id
+        )
+        assert streams["leaving"].ended.wait(5), "the removed member's stream stayed open"
+        publish_state_change(DesktopStateChanged.of(desktop))
+        deadline = time.monotonic() + 5
+        while not streams["staying"].events and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert streams["staying"].events, "the member who stays still gets events"
+        assert streams["leaving"].events == []
+        for stream in streams.values():
+            stream.response.close()
