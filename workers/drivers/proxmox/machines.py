@@ -24,6 +24,7 @@ from workers.drivers.proxmox.firewall import Resolver, apply_firewall, firewall_
 from workers.drivers.proxmox.placement import Placement
 
 _ALREADY_EXISTS = re.compile(r"already exists", re.IGNORECASE)
+_ALREADY_RUNNING = re.compile(r"already running", re.IGNORECASE)
 _AGENT_NOT_READY = re.compile(r"guest agent is not running|not running", re.IGNORECASE)
 _DISK_SIZE = re.compile(r"size=(\d+(?:\.\d+)?)([KMGT]?)")
 _UNITS = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}
@@ -128,11 +129,17 @@ class Machines:
     def boot(self, vm: PveVm) -> str:
         """Start or resume the VM as needed and wait for its guest agent's address."""
         if vm.status == "stopped":
-            self.pve.task(vm, "start", self.pve.vm(vm).status.start.post)
-            vm.status = "running"
+            self.start(vm)
         elif self.pve.paused(vm):
             self.pve.task(vm, "resume", self.pve.vm(vm).status.resume.post)
         return self._wait_for_ip(vm)
+
+    def start(self, vm: PveVm) -> None:
+        """Start the VM. PVE checks whether it already runs inside the start task; when it does, an
+        earlier start whose answer was lost, or another worker's, got there first: that is a start."""
+        upid = self.pve.call(f"start VM {vm.vmid}", self.pve.vm(vm).status.start.post)
+        exit_status = self.pve.wait_task(upid, f"start VM {vm.vmid}", accept=_ALREADY_RUNNING)
+        vm.status = self.pve.refresh(vm)["status"] if _ALREADY_RUNNING.search(exit_status) else "running"
 
     def power_off(self, vm: PveVm) -> None:
         """A clean shutdown first; a guest that ignores it (or is paused) is stopped hard."""
