@@ -25,5 +25,5 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     *router.urls,
-    re_path(r"^.*$", not_found),
+    re_path(r"^", not_found),  # every other path, including ones with a line break
 ]

@@ -1,7 +1,11 @@
 """Thin views: parse input, call a selector or a service, shape the output."""
 
+from collections.abc import Mapping
+
 from django.db import transaction
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from django.utils.translation import gettext_lazy as _
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -13,6 +17,10 @@ from desktops.audit import Actor, audit_record
 from desktops.errors import Forbidden
 from desktops.models import DesktopState, Role
 from proxies.sessions import relay_session_create
+
+# What a 409 means where the services can answer one (desktops.errors.Conflict).
+NOT_NOW = OpenApiResponse(description=_("Not allowed in the current state"))
+STEPS = ("start", "stop", "suspend", "resume")
 
 
 class WorkspaceQuery(serializers.Serializer):
@@ -39,7 +47,7 @@ class ApiViewSet(viewsets.GenericViewSet):
 
     def managed(self) -> str | None:
         """The `?workspace=` a key list is narrowed to, once the actor is known to manage it."""
-        workspace_id = self.valid(WorkspaceQuery, self.request.query_params).get("workspace")
+        workspace_id = self.query(WorkspaceQuery).get("workspace")
         return workspace_id and self.workspace(workspace_id, minimum=Role.ADMIN).id
 
     def scoped(self, found):
@@ -49,8 +57,14 @@ class ApiViewSet(viewsets.GenericViewSet):
 
     def valid(self, serializer_class, data):
         serializer = serializer_class(data=data)
+        _strings_only(serializer, data)
         serializer.is_valid(raise_exception=True)
         return serializer.validated_data
+
+    def query(self, serializer_class):
+        """The query string, validated. A plain dict, because DRF reads a form's (a QueryDict's) empty
+        value as no value: ``?workspace=`` must be refused, not taken for "every workspace"."""
+        return self.valid(serializer_class, self.request.query_params.dict())
 
     def page(self, queryset, serializer_class):
         page = self.paginate_queryset(queryset)
@@ -70,6 +84,22 @@ class ApiViewSet(viewsets.GenericViewSet):
         return response
 
 
+def _strings_only(serializer, data) -> None:
+    """A text field takes a JSON string, as the schema says; DRF would take a number and str() it."""
+    if not isinstance(data, Mapping):
+        return  # DRF's own check answers that
+    wrong = {
+        name: [field.error_messages["invalid"]]
+        for name, field in serializer.fields.items()
+        if isinstance(field, serializers.CharField)
+        and not field.read_only
+        and data.get(name) is not None
+        and not isinstance(data[name], str)
+    }
+    if wrong:
+        raise serializers.ValidationError(wrong)
+
+
 class DesktopListQuery(serializers.Serializer):
     state = serializers.ChoiceField(choices=DesktopState.choices, required=False)
     workspace = serializers.CharField(required=False, help_text="Workspace id (ws_…)")
@@ -80,7 +110,7 @@ class DesktopViewSet(ApiViewSet):
 
     @extend_schema(parameters=[DesktopListQuery])
     def list(self, request):
-        query = self.valid(DesktopListQuery, request.query_params)
+        query = self.query(DesktopListQuery)
         if query.get("workspace"):
             self.workspace(query["workspace"])
         desktops = selectors.desktop_list(
@@ -88,7 +118,7 @@ class DesktopViewSet(ApiViewSet):
         )
         return self.page(desktops, s.DesktopSerializer)
 
-    @extend_schema(request=s.DesktopCreateSerializer, responses={201: s.DesktopSerializer})
+    @extend_schema(request=s.DesktopCreateSerializer, responses={201: s.DesktopSerializer, 409: NOT_NOW})
     def create(self, request):
         data = self.valid(s.DesktopCreateSerializer, request.data)
         workspace = self.workspace(data.get("workspace_id"), minimum=Role.MEMBER)
@@ -105,19 +135,17 @@ class DesktopViewSet(ApiViewSet):
     def retrieve(self, request, pk):
         return Response(s.DesktopSerializer(self._desktop(pk)).data)
 
-    @extend_schema(responses={202: s.DesktopSerializer})
+    @extend_schema(responses={202: s.DesktopSerializer, 409: NOT_NOW})
     def destroy(self, request, pk):
         return self._act(pk, "destroy")
 
     @extend_schema(
         operation_id="desktops_act",
         request=None,
-        responses={
-            202: s.DesktopSerializer,
-            409: OpenApiResponse(description="Not allowed in the current state"),
-        },
+        parameters=[OpenApiParameter("step", OpenApiTypes.STR, OpenApiParameter.PATH, enum=STEPS)],
+        responses={202: s.DesktopSerializer, 409: NOT_NOW},
     )
-    @action(detail=True, methods=["post"], url_path=r"(?P<step>start|stop|suspend|resume)")
+    @action(detail=True, methods=["post"], url_path=rf"(?P<step>{'|'.join(STEPS)})")
     def act(self, request, pk, step):
         return self._act(pk, step)
 
@@ -126,10 +154,8 @@ class DesktopViewSet(ApiViewSet):
     def events(self, request, pk):
         return self.page(selectors.desktop_events(desktop=self._desktop(pk)), s.DesktopEventSerializer)
 
-    @extend_schema(
-        request=s.ChatSendSerializer,
-        responses={200: s.ChatMessageSerializer(many=True), 202: s.ChatMessageSerializer},
-    )
+    @extend_schema(methods=["GET"], responses=s.ChatMessageSerializer(many=True))
+    @extend_schema(methods=["POST"], request=s.ChatSendSerializer, responses={202: s.ChatMessageSerializer})
     @action(detail=True, methods=["get", "post"])
     def chat(self, request, pk):
         """The conversation with the desktop's agent; POST a message, the answer arrives in it."""
@@ -196,6 +222,7 @@ class WorkspaceViewSet(ApiViewSet):
                 )
         return Response(s.WorkspaceSerializer(workspace).data)
 
+    @extend_schema(responses={204: None, 409: NOT_NOW})
     def destroy(self, request, pk):
         self.workspace(pk)
         services.workspace_delete(actor=self.actor, workspace_id=pk)
@@ -209,7 +236,12 @@ class WorkspaceViewSet(ApiViewSet):
         desktops = [{"desktop_id": i, "name": n, **vars(u)} for i, n, u in per_desktop]
         return Response(s.WorkspaceUsageSerializer({"total": total, "desktops": desktops}).data)
 
-    @extend_schema(request=s.MembershipCreateSerializer, responses=s.MembershipSerializer(many=True))
+    @extend_schema(methods=["GET"], responses=s.MembershipSerializer(many=True))
+    @extend_schema(
+        methods=["POST"],
+        request=s.MembershipCreateSerializer,
+        responses={201: s.MembershipSerializer, 409: NOT_NOW},
+    )
     @action(detail=True, methods=["get", "post"])
     def members(self, request, pk):
         workspace = self.workspace(pk)
@@ -219,7 +251,12 @@ class WorkspaceViewSet(ApiViewSet):
         membership = services.membership_add(actor=self.actor, workspace_id=pk, **data)
         return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.MembershipUpdateSerializer, responses=s.MembershipSerializer)
+    @extend_schema(
+        methods=["PATCH"],
+        request=s.MembershipUpdateSerializer,
+        responses={200: s.MembershipSerializer, 409: NOT_NOW},
+    )
+    @extend_schema(methods=["DELETE"], responses={204: None, 409: NOT_NOW})
     @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<membership_id>mem_[a-z0-9]+)")
     def member(self, request, pk, membership_id):
         self.workspace(pk)
@@ -307,6 +344,6 @@ class AuditViewSet(ApiViewSet):
 
     @extend_schema(parameters=[AuditQuery])
     def list(self, request):
-        query = self.valid(AuditQuery, request.query_params)
+        query = self.query(AuditQuery)
         workspace = self.workspace(query.pop("workspace", None), minimum=Role.ADMIN)
         return self.page(selectors.audit_list(workspace=workspace, **query), s.AuditEventSerializer)
