@@ -169,8 +169,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["desktops.api.permissions.IsAuthenticatedWithScope"],
     "DEFAULT_RENDERER_CLASSES": [
         "djangorestframework_camel_case.render.CamelCaseJSONRenderer",
-        "djangorestframework_camel_case.render.CamelCaseBrowsableAPIRenderer",
+        "desktops.api.rendering.BrowsableAPIRenderer",
     ],
+    "DEFAULT_METADATA_CLASS": "desktops.api.rendering.Metadata",
     "DEFAULT_PARSER_CLASSES": ["djangorestframework_camel_case.parser.CamelCaseJSONParser"],
     "DEFAULT_PAGINATION_CLASS": "desktops.api.pagination.Pagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -186,9 +187,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "CAMELIZE_NAMES": True,
+    # Request bodies get components of their own, so the constraints that only bind input (no blank
+    # strings, write-only fields) are in the schema.
+    "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.contrib.djangorestframework_camel_case.camelize_serializer_fields",
         "drf_spectacular.hooks.postprocess_schema_enums",
+        "desktops.api.schema.document_errors",
     ],
 }
 

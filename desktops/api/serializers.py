@@ -16,6 +16,7 @@ from desktops.models import (
     Plan,
     Role,
     Workspace,
+    hostname_validator,
 )
 from desktops.selectors import chat_content
 
@@ -51,7 +52,7 @@ class DesktopSerializer(serializers.ModelSerializer):
 
 
 class DesktopCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=63)
+    name = serializers.CharField(max_length=63, validators=[hostname_validator])
     workspace_id = serializers.CharField(required=False, help_text="Defaults to the key's workspace.")
     plan = serializers.CharField(required=False, help_text="Plan id or name; defaults to the default plan.")
     image_profile = serializers.ChoiceField(choices=["minimal", "full"], required=False)
@@ -192,7 +193,9 @@ class LLMKeyWriteSerializer(serializers.Serializer):
         default="",
         help_text="Blank: the provider's default.",
     )
-    secret = serializers.CharField(write_only=True, trim_whitespace=True, style={"input_type": "password"})
+    secret = serializers.CharField(
+        write_only=True, trim_whitespace=True, min_length=8, style={"input_type": "password"}
+    )
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -27,5 +27,5 @@ urlpatterns = [
     # The split view serves its start-up script as a file: the pages' CSP allows no inline script.
     path("docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
     *router.urls,
-    re_path(r"^.*$", not_found),
+    re_path(r"^", not_found),  # every other path, including ones with a line break
 ]

@@ -1,9 +1,12 @@
 """Thin views: parse input, call a selector or a service, shape the output."""
 
+from collections.abc import Mapping
+
 from django.conf import settings
 from django.db import transaction
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException
@@ -22,6 +25,10 @@ class BodyTooLarge(APIException):
     status_code = 413
     default_code = "too_large"
     default_detail = _("The request's body is too large for the API.")
+
+# What a 409 means where the services can answer one (desktops.errors.Conflict).
+NOT_NOW = OpenApiResponse(description=_("Not allowed in the current state"))
+STEPS = ("start", "stop", "suspend", "resume")
 
 
 class WorkspaceQuery(serializers.Serializer):
@@ -52,17 +59,39 @@ class ApiViewSet(viewsets.GenericViewSet):
 
     def managed(self) -> str | None:
         """The `?workspace=` a key list is narrowed to, once the actor is known to manage it."""
-        workspace_id = self.valid(WorkspaceQuery, self.request.query_params).get("workspace")
+        workspace_id = self.query(WorkspaceQuery).get("workspace")
         return workspace_id and self.workspace(workspace_id, minimum=Role.ADMIN).id
 
     def valid(self, serializer_class, data):
         serializer = serializer_class(data=data)
+        _strings_only(serializer, data)
         serializer.is_valid(raise_exception=True)
         return serializer.validated_data
+
+    def query(self, serializer_class):
+        """The query string, validated. A plain dict, because DRF reads a form's (a QueryDict's) empty
+        value as no value: ``?workspace=`` must be refused, not taken for "every workspace"."""
+        return self.valid(serializer_class, self.request.query_params.dict())
 
     def page(self, queryset, serializer_class):
         page = self.paginate_queryset(queryset)
         return self.get_paginated_response(serializer_class(page, many=True).data)
+
+
+def _strings_only(serializer, data) -> None:
+    """A text field takes a JSON string, as the schema says; DRF would take a number and str() it."""
+    if not isinstance(data, Mapping):
+        return  # DRF's own check answers that
+    wrong = {
+        name: [field.error_messages["invalid"]]
+        for name, field in serializer.fields.items()
+        if isinstance(field, serializers.CharField)
+        and not field.read_only
+        and data.get(name) is not None
+        and not isinstance(data[name], str)
+    }
+    if wrong:
+        raise serializers.ValidationError(wrong)
 
 
 class DesktopListQuery(serializers.Serializer):
@@ -75,7 +104,7 @@ class DesktopViewSet(ApiViewSet):
 
     @extend_schema(parameters=[DesktopListQuery])
     def list(self, request):
-        query = self.valid(DesktopListQuery, request.query_params)
+        query = self.query(DesktopListQuery)
         if query.get("workspace"):
             self.workspace(query["workspace"])
         desktops = selectors.desktop_list(
@@ -83,7 +112,7 @@ class DesktopViewSet(ApiViewSet):
         )
         return self.page(desktops, s.DesktopSerializer)
 
-    @extend_schema(request=s.DesktopCreateSerializer, responses={201: s.DesktopSerializer})
+    @extend_schema(request=s.DesktopCreateSerializer, responses={201: s.DesktopSerializer, 409: NOT_NOW})
     def create(self, request):
         data = self.valid(s.DesktopCreateSerializer, request.data)
         workspace = self.workspace(data.get("workspace_id"), minimum=Role.MEMBER)
@@ -100,19 +129,17 @@ class DesktopViewSet(ApiViewSet):
     def retrieve(self, request, pk):
         return Response(s.DesktopSerializer(self._desktop(pk)).data)
 
-    @extend_schema(responses={202: s.DesktopSerializer})
+    @extend_schema(responses={202: s.DesktopSerializer, 409: NOT_NOW})
     def destroy(self, request, pk):
         return self._act(pk, "destroy")
 
     @extend_schema(
         operation_id="desktops_act",
         request=None,
-        responses={
-            202: s.DesktopSerializer,
-            409: OpenApiResponse(description="Not allowed in the current state"),
-        },
+        parameters=[OpenApiParameter("step", OpenApiTypes.STR, OpenApiParameter.PATH, enum=STEPS)],
+        responses={202: s.DesktopSerializer, 409: NOT_NOW},
     )
-    @action(detail=True, methods=["post"], url_path=r"(?P<step>start|stop|suspend|resume)")
+    @action(detail=True, methods=["post"], url_path=rf"(?P<step>{'|'.join(STEPS)})")
     def act(self, request, pk, step):
         return self._act(pk, step)
 
@@ -121,10 +148,8 @@ class DesktopViewSet(ApiViewSet):
     def events(self, request, pk):
         return self.page(selectors.desktop_events(desktop=self._desktop(pk)), s.DesktopEventSerializer)
 
-    @extend_schema(
-        request=s.ChatSendSerializer,
-        responses={200: s.ChatMessageSerializer(many=True), 202: s.ChatMessageSerializer},
-    )
+    @extend_schema(methods=["GET"], responses=s.ChatMessageSerializer(many=True))
+    @extend_schema(methods=["POST"], request=s.ChatSendSerializer, responses={202: s.ChatMessageSerializer})
     @action(detail=True, methods=["get", "post"])
     def chat(self, request, pk):
         """The conversation with the desktop's agent; POST a message, the answer arrives in it."""
@@ -202,6 +227,7 @@ class WorkspaceViewSet(ApiViewSet):
                 )
         return Response(s.WorkspaceSerializer(workspace).data)
 
+    @extend_schema(responses={204: None, 409: NOT_NOW})
     def destroy(self, request, pk):
         self.workspace(pk)
         services.workspace_delete(actor=self.actor, workspace_id=pk)
@@ -220,7 +246,12 @@ class WorkspaceViewSet(ApiViewSet):
     def members(self, request, pk):
         return self.page(selectors.membership_list(workspace=self.workspace(pk)), s.MembershipSerializer)
 
-    @extend_schema(request=s.InvitationCreateSerializer, responses={201: s.InvitationSerializer})
+    @extend_schema(methods=["GET"], responses=s.InvitationSerializer(many=True))
+    @extend_schema(
+        methods=["POST"],
+        request=s.InvitationCreateSerializer,
+        responses={201: s.InvitationSerializer, 409: NOT_NOW},
+    )
     @action(detail=True, methods=["get", "post"])
     def invitations(self, request, pk):
         """Invite someone by e-mail; they join once they accept from that address, confirmed."""
@@ -237,7 +268,12 @@ class WorkspaceViewSet(ApiViewSet):
         services.invitation_revoke(actor=self.actor, workspace_id=workspace.id, invitation_id=invitation_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=s.MembershipUpdateSerializer, responses=s.MembershipSerializer)
+    @extend_schema(
+        methods=["PATCH"],
+        request=s.MembershipUpdateSerializer,
+        responses={200: s.MembershipSerializer, 409: NOT_NOW},
+    )
+    @extend_schema(methods=["DELETE"], responses={204: None, 409: NOT_NOW})
     @action(detail=True, methods=["patch", "delete"], url_path=r"members/(?P<membership_id>mem_[a-z0-9]+)")
     def member(self, request, pk, membership_id):
         self.workspace(pk)
@@ -353,6 +389,6 @@ class AuditViewSet(ApiViewSet):
 
     @extend_schema(parameters=[AuditQuery])
     def list(self, request):
-        query = self.valid(AuditQuery, request.query_params)
+        query = self.query(AuditQuery)
         workspace = self.workspace(query.pop("workspace", None), minimum=Role.ADMIN)
         return self.page(selectors.audit_list(workspace=workspace, **query), s.AuditEventSerializer)

@@ -3,6 +3,7 @@ from datetime import timedelta
 import pytest
 from django.db import ProgrammingError, transaction
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from desktops import crypto
 from desktops.models import ApiKey, AuditEvent, Desktop, DesktopState, LLMKey, Role
@@ -91,9 +92,66 @@ def test_unknown_plan_names_the_choices(api):
     assert "starter" in response.json()["error"]["message"]
 
 
-def test_unknown_api_path_is_json_404(api):
-    response = api.get("/api/nothing-here")
-    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+def test_unknown_api_path_is_json_404(owner):
+    # CSRF checked as for a browser: an unknown path answers the same to a POST.
+    api = APIClient(enforce_csrf_checks=True)
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_for(owner)}")
+    for method, path in [("get", "/api/nothing-here"), ("post", "/api/nothing-here"), ("get", "/api/a%0Ab/")]:
+        response = getattr(api, method)(path)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("page=0", "page"), ("page=two", "page"), ("pageSize=0", "pageSize"), ("pageSize=201", "pageSize")],
+)
+def test_a_page_or_page_size_out_of_bounds_is_400_naming_it(api, query, field):
+    response = api.get(f"/api/desktops?{query}")
+    assert response.status_code == 400 and field in response.json()["error"]["fields"]
+
+
+def test_the_last_page_and_a_page_past_it(api, workspace):
+    DesktopFactory.create_batch(3, workspace=workspace)
+    assert len(api.get("/api/desktops?pageSize=2&page=last").json()["results"]) == 1
+    assert api.get("/api/desktops?pageSize=2&page=3").status_code == 404
+
+
+def test_an_empty_query_value_is_refused_not_ignored(api):
+    response = api.get("/api/desktops?workspace=")
+    assert response.status_code == 400 and "workspace" in response.json()["error"]["fields"]
+
+
+def test_a_text_field_takes_only_a_string(api):
+    response = api.post("/api/desktops", {"name": 123}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"name": ["Not a valid string."]}
+    assert not Desktop.objects.exists()
+
+
+def test_options_and_the_browsable_pages_answer_on_every_endpoint(api, owner, workspace):
+    desktop = DesktopFactory(workspace=workspace)
+    body = {"workspaceId": workspace.id, "provider": "openai", "name": "k", "secret": "sk-test-12345678"}
+    llm_key = api.post("/api/llm-keys", body, format="json").json()["id"]
+    paths = [
+        "/api/desktops",
+        f"/api/desktops/{desktop.id}",
+        f"/api/desktops/{desktop.id}/events",
+        f"/api/desktops/{desktop.id}/chat",
+        "/api/plans",
+        "/api/workspaces",
+        f"/api/workspaces/{workspace.id}",
+        f"/api/workspaces/{workspace.id}/members",
+        "/api/keys",
+        "/api/llm-keys",
+        f"/api/llm-keys/{llm_key}",
+        "/api/audit",
+    ]
+    for path in paths:
+        options = api.options(path)
+        assert options.status_code == 200, path
+        assert "GET" in options["Allow"] and "actions" not in options.json(), path
+        page = api.get(path, HTTP_ACCEPT="text/html")
+        assert page.status_code == 200 and page["Content-Type"].startswith("text/html"), path
 
 
 def test_malformed_json_is_400(api):

@@ -9,7 +9,7 @@ import pytest
 from proxmoxer import ResourceException
 
 from tests.pve.simulator import TaskTimes
-from tests.pve.support import TEMPLATE, driver_for, make_spec, needs_schema, simulator
+from tests.pve.support import SLOW_TASK, TEMPLATE, driver_for, make_spec, needs_schema, simulator
 from workers.drivers.base import DriverError, InstanceState, TransientDriverError
 
 pytestmark = needs_schema
@@ -48,6 +48,60 @@ def test_a_failed_task_surfaces_pves_message_and_is_permanent(sim, pve):
         pve.provision(make_spec())
     assert not raised.value.transient
     assert "start failed: QEMU exited with code 1" in raised.value.message
+
+
+def test_a_start_of_a_running_vm_fails_in_its_task_as_in_pve(sim, pve):
+    spec = make_spec()
+    vmid = int(pve.provision(spec).ref)
+    upid = pve.api.nodes("pve1").qemu(vmid).status.start.post()
+    task = pve.api.nodes("pve1").tasks(upid).status.get()
+    assert (task["type"], task["status"]) == ("qmstart", "stopped")
+    assert task["exitstatus"] == f"VM {vmid} already running"
+
+
+def slow_starts(sim, pve, spec) -> int:
+    """A stopped desktop whose start tasks last long enough for a second start to queue behind one."""
+    vmid = int(pve.provision(spec).ref)
+    pve.stop(spec.key)
+    sim.times = TaskTimes(start=SLOW_TASK)
+    return vmid
+
+
+def start_exits(sim, vmid: int) -> list[str]:
+    return [t.exitstatus for t in sim.tasks.values() if t.kind == "qmstart" and t.vmid == vmid]
+
+
+def test_a_start_retried_after_its_answer_was_lost_ends_running(sim, pve):
+    spec = make_spec()
+    vmid = slow_starts(sim, pve, spec)
+    sim.lose_answers("POST", r"/status/start$")
+    with pytest.raises(TransientDriverError, match="did not answer"):
+        pve.start(spec.key)
+    # The lost start is still under way, so the VM reads stopped and the retry starts it again.
+    assert pve.start(spec.key).state == InstanceState.RUNNING
+    assert start_exits(sim, vmid)[-2:] == ["OK", f"VM {vmid} already running"]
+
+
+def test_a_start_racing_another_ends_running(sim, pve):
+    spec = make_spec()
+    vmid = slow_starts(sim, pve, spec)
+    pve.api.nodes("pve1").qemu(vmid).status.start.post()  # another worker's start
+    status = pve.start(spec.key)
+    assert status.state == InstanceState.RUNNING and status.private_ip
+    assert start_exits(sim, vmid)[-1] == f"VM {vmid} already running"
+
+
+def test_a_resume_retried_after_its_answer_was_lost_ends_running(sim, pve):
+    spec = make_spec()
+    pve.provision(spec)
+    pve.suspend(spec.key)
+    sim.times = TaskTimes(resume=SLOW_TASK)
+    sim.lose_answers("POST", r"/status/resume$")
+    with pytest.raises(TransientDriverError, match="did not answer"):
+        pve.resume(spec.key)
+    # The lost resume is still under way, so the retry resumes again: PVE resumes a running VM as a no-op.
+    assert pve.resume(spec.key).state == InstanceState.RUNNING
+    assert [t.exitstatus for t in sim.tasks.values() if t.kind == "qmresume"] == ["OK", "OK"]
 
 
 def test_task_warnings_count_as_success(sim, pve):

@@ -6,8 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.pve.support import driver_for, make_spec, needs_schema, simulator
-from workers.drivers.base import InstanceState
+from tests.pve.simulator import TaskTimes
+from tests.pve.support import SLOW_TASK, driver_for, make_spec, needs_schema, simulator
+from workers.drivers.base import InstanceState, TransientDriverError
 from workers.drivers.proxmox import PoolShape
 from workers.drivers.proxmox.pool import POOL_TAG
 
@@ -78,6 +79,23 @@ def test_stopped_members_are_personalised_by_cloud_init(sim):
     status = pve.provision(spec)
     assert status.state == InstanceState.RUNNING
     assert sim.vms[int(status.ref)].config["sshkeys"] == "ssh-ed25519%20AAAAOTHER%20other"
+
+
+def test_a_provision_retried_after_its_boot_answer_was_lost_ends_running(sim):
+    pve = driver_for(sim, warm_pool=(SHAPE,), warm_pool_running=False)
+    pve.refill_pool()
+    made = clones(sim)
+    sim.times = TaskTimes(start=SLOW_TASK)
+    sim.lose_answers("POST", r"/status/start$")
+    spec = make_spec()
+    with pytest.raises(TransientDriverError, match="did not answer"):
+        pve.provision(spec)
+    # The retry finds its claimed member still starting and starts it again.
+    status = pve.provision(spec)
+    assert status.state == InstanceState.RUNNING and POOL_TAG not in sim.vms[int(status.ref)].config["tags"]
+    starts = [t.exitstatus for t in sim.tasks.values() if t.kind == "qmstart" and t.vmid == int(status.ref)]
+    assert starts == ["OK", f"VM {status.ref} already running"]
+    assert clones(sim) == made
 
 
 def test_shrinking_the_pool_removes_members(sim):

@@ -8,7 +8,8 @@ answering some time after start, firewall options, rules and IP sets, ``vncproxy
 authentication (``console.py``), API token auth with privilege checks (PVE's own "and"/"or"/"perm"
 rules from the schema). Errors have PVE's shape: the message in the HTTP reason phrase and in
 ``message``, per-parameter ``errors`` for a 400. Its own answers are checked against the schema's
-documented return types too.
+documented return types too. As in PVE, a VM's power tasks take its config lock in turn, and what
+a worker checks once forked (a start of a running VM) fails the task, not the request.
 
 What it is not: there is no guest. Nothing boots, no disk is written, SSH into a VM is impossible;
 the guest agent's address is invented, the console's screen is blank. Time-based states are
@@ -81,6 +82,10 @@ class ApiError(Exception):
         self.status, self.message, self.errors = status, message, errors
 
 
+class AnswerLost(Exception):
+    """The request was served, but its answer never reaches the client."""
+
+
 @dataclass
 class Vm:
     vmid: int
@@ -133,6 +138,10 @@ class Task:
     ends_at: float
     exitstatus: str
     on_end: object  # callable(ok: bool), applied once when the task ends
+    vmid: int
+    locks_vm: bool  # the worker holds the VM's config lock from begins_at to ends_at
+    begins_at: float
+    check: object = None  # callable() -> str | None, run as the worker begins: why it dies, if it does
     done: bool = False
 
 
@@ -157,6 +166,7 @@ class Simulator:
         self.tasks: dict[str, Task] = {}
         self.requests: list[tuple[str, str, dict]] = []
         self._faults: list[tuple[str, re.Pattern, int, str]] = []
+        self._lost: list[tuple[str, re.Pattern]] = []
         self._delays: list[tuple[str, re.Pattern, float]] = []
         self._stolen_ids = 0
         self._task_faults: dict[str, list[str]] = {}
@@ -192,6 +202,11 @@ class Simulator:
         """The next ``times`` matching requests fail with this status and message."""
         with self.lock:
             self._faults.extend([(method, re.compile(path_pattern), status, message)] * times)
+
+    def lose_answers(self, method: str, path_pattern: str, times: int = 1) -> None:
+        """The next ``times`` matching requests are served, then their connection closes unanswered."""
+        with self.lock:
+            self._lost.extend([(method, re.compile(path_pattern))] * times)
 
     def delay_requests(self, method: str, path_pattern: str, seconds: float) -> None:
         """Matching requests are answered this long after being served, so concurrent callers overlap."""
@@ -290,7 +305,12 @@ class Simulator:
                     f"the simulator's answer to {method} {template}: {'; '.join(departures)}"
                 )
             delay = sum(d[2] for d in self._delays if d[0] == method and d[1].search(path))
+            lost = next((lost for lost in self._lost if lost[0] == method and lost[1].search(path)), None)
+            if lost:
+                self._lost.remove(lost)
         time.sleep(delay)
+        if lost:
+            raise AnswerLost
         return answer
 
     def _check_permission(self, info: dict, params: dict[str, str]) -> None:
@@ -322,22 +342,36 @@ class Simulator:
 
     # -- tasks --------------------------------------------------------------------------------
 
-    def _task(self, node: str, kind: str, vmid: int, duration: float, on_end) -> str:
+    def _task(
+        self, node: str, kind: str, vmid: int, duration: float, on_end, *, locks_vm=False, check=None
+    ) -> str:
         now = time.time()
         user = f"{TOKEN_USER}!{TOKEN_ID}"
         upid = f"UPID:{node}:{next(self._pids):08X}:{int(now * 100):08X}:{int(now):08X}:{kind}:{vmid}:{user}:"
         faults = self._task_faults.get(kind)
         exitstatus = faults.pop(0) if faults else "OK"
+        begins = now
+        if locks_vm:
+            # PVE's power workers take the VM's config lock (lock_config): each waits for the one before.
+            holders = [t.ends_at for t in self.tasks.values() if t.locks_vm and t.vmid == vmid and not t.done]
+            begins = max([now, *holders])
         self.tasks[upid] = Task(
-            upid, node, kind, f"{TOKEN_USER}!{TOKEN_ID}", now, now + duration, exitstatus, on_end
+            upid, node, kind, user, now, begins + duration, exitstatus, on_end, vmid, locks_vm, begins, check
         )
         self._tick()
         return upid
 
     def _tick(self) -> None:
         now = time.time()
+        # In creation order, so a task that waited for a VM's lock sees what the one before it did.
         for task in self.tasks.values():
-            if not task.done and task.ends_at <= now:
+            if task.done:
+                continue
+            if task.check and task.begins_at <= now:
+                failure, task.check = task.check(), None
+                if failure:
+                    task.exitstatus, task.ends_at = failure, task.begins_at
+            if task.ends_at <= now:
                 task.done = True
                 task.on_end(task.exitstatus == "OK" or task.exitstatus.startswith("WARNINGS"))
 
@@ -466,8 +500,9 @@ def _resize(sim: Simulator, params):
     return sim._task(vm.node, "resize", vm.vmid, sim.times.resize, lambda ok: None)
 
 
-def _power(kind: str, duration: str, check, effect):
-    """A power action as a task: ``check`` raises PVE's refusal, ``effect`` applies at the end."""
+def _power(kind: str, duration: str, check, effect, worker_check=None):
+    """A power action as a task: ``check`` raises PVE's refusal, ``worker_check(sim, vm)`` returns what
+    the forked worker dies of (or None), ``effect`` applies at the end."""
 
     def handler(sim: Simulator, params):
         vm = sim._vm(params)
@@ -477,14 +512,22 @@ def _power(kind: str, duration: str, check, effect):
         if ignored:
             sim._task_faults.setdefault(kind, []).insert(0, "VM quit/powerdown failed - got timeout")
         seconds = float(params.get("timeout", 0)) if ignored else getattr(sim.times, duration)
-        return sim._task(vm.node, kind, vm.vmid, seconds, lambda ok: ok and effect(sim, vm))
+        return sim._task(
+            vm.node,
+            kind,
+            vm.vmid,
+            seconds,
+            lambda ok: ok and effect(sim, vm),
+            locks_vm=True,
+            check=worker_check and (lambda: worker_check(sim, vm)),
+        )
 
     return handler
 
 
-def _not_running(sim, vm):
-    if vm.status == "running":
-        raise ApiError(500, f"VM {vm.vmid} already running")
+def _already_running(sim, vm) -> str | None:
+    # PVE's start API forks its worker first; vm_start finds the VM running there and dies.
+    return f"VM {vm.vmid} already running" if vm.status == "running" else None
 
 
 def _started(sim, vm):
@@ -702,7 +745,7 @@ ROUTES = {
     ("GET", f"{VM}/config"): _get_config,
     ("PUT", f"{VM}/config"): _put_config,
     ("PUT", f"{VM}/resize"): _resize,
-    ("POST", f"{VM}/status/start"): _power("qmstart", "start", _not_running, _started),
+    ("POST", f"{VM}/status/start"): _power("qmstart", "start", _any_state, _started, _already_running),
     ("POST", f"{VM}/status/shutdown"): _power(
         "qmshutdown", "shutdown", lambda s, vm: s._running(vm), _stopped
     ),
@@ -761,6 +804,9 @@ def _handler(sim: Simulator):
                     self.close_connection = True
                     console.serve(self, vnc.password, password_expires, f"VM {vnc.vmid}")
                     return
+            except AnswerLost:
+                self.close_connection = True
+                return
             except ApiError as exc:
                 status, reason = exc.status, exc.message
                 body = {"data": None, "message": exc.message + "\n"}

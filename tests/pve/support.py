@@ -21,6 +21,9 @@ needs_schema = pytest.mark.skipif(
 )
 TEMPLATE = 9000
 CONTROL_CIDR = "10.10.0.5/32"
+# Seconds a power task lasts when a test needs a retry, or another worker, to read the VM before the
+# task ends: long enough for a busy machine.
+SLOW_TASK = 1.0
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOv0Q0bVGbL7nJc3lYQ0T6SaoJ1NGQ3z0Dmp7Kx8t9bE lebureau-tests"
 
 

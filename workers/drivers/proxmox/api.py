@@ -87,7 +87,11 @@ class PveApi:
         upid = self.call(f"{what} VM {vm.vmid}", function, **params)
         self.wait_task(upid, f"{what} VM {vm.vmid}")
 
-    def wait_task(self, upid: str, what: str, timeout: float | None = None) -> None:
+    def wait_task(
+        self, upid: str, what: str, timeout: float | None = None, *, accept: re.Pattern | None = None
+    ) -> str:
+        """Follow a task to its end and return its exit status; ``accept`` matches failures that the
+        caller counts as done."""
         node = upid.split(":")[1]
         deadline = time.monotonic() + (timeout or self.config.task_timeout)
         while True:
@@ -95,7 +99,9 @@ class PveApi:
             if task["status"] == "stopped":
                 exit_status = task.get("exitstatus", "")
                 if exit_status == "OK" or exit_status.startswith("WARNINGS"):
-                    return
+                    return exit_status
+                if accept and accept.search(exit_status):
+                    return exit_status
                 error = TransientDriverError if _TRANSIENT.search(exit_status) else DriverError
                 raise error(f"Proxmox could not {what}: {exit_status}")
             if time.monotonic() > deadline:

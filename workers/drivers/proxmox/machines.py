@@ -25,6 +25,7 @@ from workers.drivers.proxmox.firewall import Resolver, apply_firewall, firewall_
 from workers.drivers.proxmox.placement import Placement
 
 _ALREADY_EXISTS = re.compile(r"already exists", re.IGNORECASE)
+_ALREADY_RUNNING = re.compile(r"already running", re.IGNORECASE)
 _AGENT_NOT_READY = re.compile(r"guest agent is not running|not running", re.IGNORECASE)
 _DISK_SIZE = re.compile(r"size=(\d+(?:\.\d+)?)([KMGT]?)")
 _UNITS = {"": 1 / 1024**3, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1, "T": 1024}
@@ -147,13 +148,19 @@ class Machines:
         is only asked whether the network came up with it.
         """
         if vm.status == "stopped":
-            self.pve.task(vm, "start", self.pve.vm(vm).status.start.post)
-            vm.status = "running"
+            self.start(vm)
         elif self.pve.paused(vm):
             self.pve.task(vm, "resume", self.pve.vm(vm).status.resume.post)
         address = self.config.address_of(vm.vmid)
         self._wait_for_address(vm, address)
         return address
+
+    def start(self, vm: PveVm) -> None:
+        """Start the VM. PVE checks whether it already runs inside the start task; when it does, an
+        earlier start whose answer was lost, or another worker's, got there first: that is a start."""
+        upid = self.pve.call(f"start VM {vm.vmid}", self.pve.vm(vm).status.start.post)
+        exit_status = self.pve.wait_task(upid, f"start VM {vm.vmid}", accept=_ALREADY_RUNNING)
+        vm.status = self.pve.refresh(vm)["status"] if _ALREADY_RUNNING.search(exit_status) else "running"
 
     def power_off(self, vm: PveVm) -> None:
         """A clean shutdown first; a guest that ignores it (or is paused) is stopped hard."""
