@@ -20,6 +20,8 @@ django.setup()
 
 from django.contrib.auth import get_user_model  # noqa: E402
 
+from billing.models import Tier  # noqa: E402
+from billing.services import subscription_set  # noqa: E402
 from desktops import services  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from lebureau.celery import app as celery_app  # noqa: E402
@@ -61,8 +63,13 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     clear_leftovers()
     run = uuid.uuid4().hex[:8]
     queue = f"bench-{run}"
-    user = get_user_model().objects.create_user(f"bench-{run}", f"bench-{run}@example.com", None)
+    user = get_user_model().objects.create_user(
+        f"bench-{run}", f"bench-{run}@example.com", None, is_staff=True
+    )
     workspace = services.workspace_create(user=user, name=f"{name} bench")
+    # A bench makes more desktops at once than the free tier allows: it lifts its own tier, as support.
+    support = Actor(user=user, support=True)
+    subscription_set(actor=support, workspace_id=workspace.id, tier=Tier.objects.get(name="business"))
     actor = Actor(user=user)
     _, key = services.api_key_create(actor=actor, workspace_id=workspace.id, name="bench", scope="write")
     logs = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))

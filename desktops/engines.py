@@ -79,6 +79,15 @@ def desktop_resource_usage(desktop: Desktop) -> InstanceUsage | None:
         return None
 
 
+def desktop_disk_usage(desktop: Desktop) -> int | None:
+    """Bytes the desktop's disk holds now, as its engine measures them; None when it cannot tell now."""
+    try:
+        return engine(desktop.driver).disk_usage(desktop.id)
+    except (ImproperlyConfigured, DriverError) as exc:
+        logger.warning("could not measure the disk of %s: %s", desktop.id, exc)
+        return None
+
+
 def desktop_console(*, desktop_id: str) -> ConsoleTicket:
     """A one-time way to the desktop's screen through its engine, for when its own VNC server is down."""
     name = Desktop.objects.values_list("driver", flat=True).get(id=desktop_id)

@@ -27,6 +27,12 @@ class Conflict(DomainError):
     status, code = 409, "conflict"
 
 
+class QuotaExceeded(DomainError):
+    """The workspace's tier allows no more of something: desktops, running ones, disk, spend this month."""
+
+    status, code = 409, "quota_exceeded"
+
+
 class Unavailable(DomainError):
     """Something the request needs (an engine, a desktop's service) is not answering now."""
 

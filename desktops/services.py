@@ -12,6 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from billing.quotas import quota_check_action, quota_check_create
+from billing.services import subscription_start
 from desktops import crypto
 from desktops.audit import Actor, audit_record
 from desktops.engines import engine_for_new_desktops
@@ -55,6 +57,7 @@ def workspace_create(*, user, name: str) -> Workspace:
         workspace = _validated(Workspace(name=name))
         workspace.save()
         Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
+        subscription_start(workspace=workspace)
         audit_record(
             actor=Actor(user=user), action="workspace.create", workspace_id=workspace.id, target=workspace.id
         )
@@ -305,6 +308,7 @@ def desktop_create(
     _validated(desktop, validate_constraints=True)
     try:
         with transaction.atomic():
+            quota_check_create(workspace=workspace, plan=plan)
             desktop.save()
             desktop.events.create(to_state=desktop.state, actor=actor.label, reason="created")
             audit_record(
@@ -328,6 +332,7 @@ def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
     if step is None or not step.sources:
         raise Invalid(f"Unknown action {action!r}.")
     with transaction.atomic():
+        quota_check_action(desktop=desktop, action=action)
         if not transition(
             desktop_id=desktop.id, sources=step.sources, target=step.via, actor=actor, reason=action
         ):

@@ -282,6 +282,16 @@ DESKTOP_SSH_USER = env.str("DESKTOP_SSH_USER", "agent")
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", 256 * 1024)
 DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
 DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
+# The tier new workspaces go on (each keeps it until support changes it).
+DEFAULT_TIER = env.str("DEFAULT_TIER", "free")
+# Billing's periodic work: measure every desktop's disk (storage is billed in GiB-hours of those
+# measures), then record the workspaces whose spend reached 80 % or 100 % of their cap.
+BILLING_METER_INTERVAL = env.float("BILLING_METER_INTERVAL", 600.0)
+CELERY_BEAT_SCHEDULE["billing-meter"] = {
+    "task": "workers.tasks.billing_meter",
+    "schedule": BILLING_METER_INTERVAL,
+    "options": {"expires": BILLING_METER_INTERVAL},
+}
 
 LOGGING = {
     "version": 1,

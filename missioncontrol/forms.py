@@ -1,7 +1,10 @@
 """Input checks of the pages; the services decide everything else."""
 
 from django import forms
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy as _lazy
 
+from billing.selectors import price_of
 from desktops.models import ApiScope, DesktopState, LLMProvider, Role
 from desktops.selectors import plan_list
 
@@ -10,10 +13,18 @@ ACTIONS = [("start", "Start"), ("stop", "Stop"), ("destroy", "Destroy")]
 
 class PlanChoice(forms.ModelChoiceField):
     def label_from_instance(self, plan):
-        return (
-            f"{plan.name} — {plan.vcpus} vCPU, {plan.memory_mib // 1024} GiB RAM, "
-            f"{plan.disk_gib} GiB disk — €{plan.monthly_price}/month"
-        )
+        price = price_of(plan)
+        return _(
+            "%(name)s — %(vcpus)d vCPU, %(memory)d GiB RAM, %(disk)d GiB disk — "
+            "€%(hourly)s an hour running, €%(storage)s per GiB of disk a month"
+        ) % {
+            "name": plan.name,
+            "vcpus": plan.vcpus,
+            "memory": plan.memory_mib // 1024,
+            "disk": plan.disk_gib,
+            "hourly": f"{price.hourly.normalize():f}",
+            "storage": f"{price.storage_gib_month.normalize():f}",
+        }
 
 
 class NewComputerForm(forms.Form):
@@ -85,6 +96,16 @@ class LLMKeyForm(forms.Form):
         help_text="Blank: the provider's own. Required for OpenAI-compatible.",
     )
     secret = forms.CharField(widget=forms.PasswordInput, label="Key")
+
+
+class ModelPriceForm(forms.Form):
+    model = forms.CharField(max_length=200, label=_lazy("Model"))
+    input_per_million = forms.DecimalField(
+        min_value=0, max_digits=10, decimal_places=4, label=_lazy("€ per million input tokens")
+    )
+    output_per_million = forms.DecimalField(
+        min_value=0, max_digits=10, decimal_places=4, label=_lazy("€ per million output tokens")
+    )
 
 
 class RotateForm(forms.Form):

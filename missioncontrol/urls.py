@@ -29,6 +29,14 @@ urlpatterns = [
         "w/<str:workspace_id>/llm-keys/<str:object_id>/delete/", views.llm_key_delete, name="llm_key_delete"
     ),
     path("w/<str:workspace_id>/audit/", views.audit, name="audit"),
+    path("w/<str:workspace_id>/costs/", views.costs, name="costs"),
+    path("w/<str:workspace_id>/model-prices/new/", views.model_price_set, name="model_price_set"),
+    path(
+        "w/<str:workspace_id>/model-prices/<str:object_id>/delete/",
+        views.model_price_delete,
+        name="model_price_delete",
+    ),
+    path("pricing/", views.pricing, name="pricing"),
     path("desktops/<str:desktop_id>/", views.desktop, name="desktop"),
     path("events/w/<str:workspace_id>/", views.workspace_events, name="workspace_events"),
 ]

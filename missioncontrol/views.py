@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import csv
-from datetime import datetime, time
+from datetime import datetime, time, timedelta
+from decimal import Decimal
 from functools import wraps
 
 from django.contrib import messages
@@ -11,14 +12,30 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection
-from django.http import Http404, HttpResponseForbidden, StreamingHttpResponse
+from django.http import Http404, HttpResponse, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy as _lazy
 from django.views.decorators.http import require_POST
 from django_eventstream.views import events as eventstream_events
 
-from billing.selectors import agent_usage_of_desktop, agent_usage_of_workspace, desktop_cost_so_far
+from billing import services as billing
+from billing.metering import month_of, month_parse, next_month, this_month
+from billing.money import euros
+from billing.selectors import (
+    agent_model,
+    agent_usage_of_desktop,
+    agent_usage_of_workspace,
+    costs_month_to_date,
+    costs_of_desktop,
+    costs_of_workspace,
+    model_price_list,
+    plan_prices,
+    quota_of,
+    spend_alerts_this_month,
+    tier_list,
+)
 from desktops import selectors, services
 from desktops.audit import Actor
 from desktops.engines import desktop_resource_usage
@@ -27,6 +44,8 @@ from desktops.events import workspace_stream
 from desktops.models import DesktopState, Role
 from desktops.selectors import role_in
 from missioncontrol import forms
+from missioncontrol.charts import bar_chart
+from missioncontrol.exports import safe_cell
 from missioncontrol.streams import watched
 
 LIVE_STATES = {DesktopState.RUNNING}
@@ -148,9 +167,10 @@ def desktops(request):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
     rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
     tasks = selectors.current_tasks(desktop_ids=[d.id for d in rows])
+    costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
     for desktop in rows:
         desktop.task = tasks.get(desktop.id, "")
-        desktop.cost = desktop_cost_so_far(desktop)
+        desktop.cost = costs.get(desktop.id, 0)
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     template = (
         "missioncontrol/desktop_rows.html" if request.GET.get("rows") else "missioncontrol/desktops.html"
@@ -162,6 +182,7 @@ def desktops(request):
         filters=filters,
         query=query_without_page(request),
         new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
+        spend_alert=_latest_alert(request.workspace),
     )
 
 
@@ -229,7 +250,7 @@ def desktop(request, desktop_id):
         can_control=request.role.rank >= Role(found.workspace.control_role).rank,
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
         usage=desktop_resource_usage(found),
-        cost=desktop_cost_so_far(found),
+        costs=costs_of_desktop(actor=actor, desktop_id=found.id, month=this_month()),
         agent_usage=agent_usage_of_desktop(found),
     )
 
@@ -271,6 +292,9 @@ def settings_page(request):
         invite_form=forms.InviteForm(),
         api_key_form=forms.ApiKeyForm(),
         llm_key_form=forms.LLMKeyForm(),
+        model_prices=model_price_list(workspace=workspace),
+        model_price_form=forms.ModelPriceForm(),
+        agent_model=agent_model(workspace),
         roles=Role.choices,
         new_token=request.session.pop("new_token", None),
     )
@@ -330,6 +354,11 @@ llm_key_new = _settings_post(
     lambda r, d: services.llm_key_save(actor=r.actor, workspace_id=r.workspace.id, **d),
     "LLM key added.",
 )
+model_price_set = _settings_post(
+    forms.ModelPriceForm,
+    lambda r, d: billing.model_price_set(actor=r.actor, workspace_id=r.workspace.id, **d),
+    _lazy("Model price saved."),
+)
 llm_key_rotate = _settings_post(
     forms.RotateForm,
     lambda r, d, key_id: services.llm_key_save(
@@ -368,6 +397,10 @@ api_key_revoke = _settings_delete(
     lambda r, i: services.api_key_revoke(actor=r.actor, workspace_id=r.workspace.id, key_id=i),
     "API key revoked.",
 )
+model_price_delete = _settings_delete(
+    lambda r, i: billing.model_price_delete(actor=r.actor, workspace_id=r.workspace.id, price_id=i),
+    _lazy("Model price removed."),
+)
 llm_key_delete = _settings_delete(
     lambda r, i: services.llm_key_delete(actor=r.actor, workspace_id=r.workspace.id, key_id=i),
     "LLM key removed.",
@@ -389,13 +422,6 @@ def workspace_delete(request):
 
 
 # Audit
-
-
-def spreadsheet_safe(value) -> str:
-    """A cell a spreadsheet shows as text: one starting like a formula (a request id "=cmd|…", say)
-    would run as one when the export is opened."""
-    text = "" if value is None else str(value)
-    return f"'{text}" if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
 
 
 class _Echo:
@@ -421,7 +447,7 @@ def audit(request):
         def lines():
             yield writer.writerow(fields)
             for event in events.iterator():
-                yield writer.writerow([spreadsheet_safe(getattr(event, f)) for f in fields])
+                yield writer.writerow([safe_cell(getattr(event, f)) for f in fields])
 
         response = StreamingHttpResponse(lines(), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="audit-{request.workspace.id}.csv"'
@@ -433,3 +459,102 @@ def audit(request):
         events=Paginator(events, 100).get_page(request.GET.get("page")),
         query=query_without_page(request),
     )
+
+
+# Costs
+
+
+def _latest_alert(workspace):
+    """This month's highest spend warning, for the fleet's pages."""
+    alerts = spend_alerts_this_month(workspace=workspace)
+    return alerts[-1] if alerts else None
+
+
+@workspace_page()
+def costs(request):
+    """The month's costs: totals, what is owed, the daily charts, the top spenders, a CSV export."""
+    try:
+        month = month_parse(request.GET.get("month", ""))
+    except ValueError:
+        month = this_month()
+    report = costs_of_workspace(actor=request.actor, workspace_id=request.workspace.id, month=month)
+    if request.GET.get("format") == "csv":
+        return _costs_csv(report)
+    return page(
+        request,
+        "missioncontrol/costs.html",
+        costs=report,
+        quota=quota_of(actor=request.actor, workspace_id=request.workspace.id),
+        cost_chart=bar_chart(
+            [(_day_label(d.day), d.meter.total, f"{d.day}: {euros(d.meter.total)}") for d in report.days],
+            peak_label=euros,
+        ),
+        running_chart=bar_chart(
+            [(_day_label(d.day), d.running_peak, _running_title(d)) for d in report.days], peak_label=str
+        ),
+        top=[d for d in report.desktops if d.meter.total][:5],
+        previous_month=month_of(month - timedelta(days=1)),
+        next_month=next_month(month) if month < this_month() else None,
+        spend_alert=report.alerts[-1] if report.alerts else None,
+    )
+
+
+def _running_title(row) -> str:
+    return _("%(day)s: %(count)d running at most") % {"day": row.day, "count": row.running_peak}
+
+
+def _day_label(day) -> str:
+    # Every fifth day is labelled; the others are in the bars' titles.
+    return str(day.day) if day.day == 1 or day.day % 5 == 0 else ""
+
+
+COSTS_CSV = [
+    "day",
+    "desktop_id",
+    "desktop",
+    "plan",
+    "running_hours",
+    "suspended_hours",
+    "stopped_hours",
+    "gib_hours",
+    "input_tokens",
+    "output_tokens",
+    "compute_eur",
+    "storage_eur",
+    "models_eur",
+    "total_eur",
+]
+FOUR = Decimal("0.0001")
+
+
+def _costs_csv(report) -> HttpResponse:
+    """One row per desktop and day, to four decimals (the page rounds to the cent)."""
+    response = HttpResponse(content_type="text/csv")
+    name = f"costs-{report.workspace.id}-{report.month:%Y-%m}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    writer = csv.writer(response)
+    writer.writerow(COSTS_CSV)
+    for item in report.desktops:
+        desktop = item.desktop
+        for day, m in item.days.items():
+            figures = [
+                m.running_hours,
+                m.suspended_hours,
+                m.stopped_hours,
+                m.gib_hours,
+                m.input_tokens,
+                m.output_tokens,
+                m.compute,
+                m.storage,
+                m.models,
+                m.total,
+            ]
+            cells = [day.isoformat(), desktop.id, desktop.name, desktop.plan.name]
+            cells += [f.quantize(FOUR) if isinstance(f, Decimal) else f for f in figures]
+            writer.writerow([safe_cell(c) for c in cells])
+    return response
+
+
+def pricing(request):
+    """The tiers and the plans' prices, for anyone, signed in or not."""
+    return render(request, "missioncontrol/pricing.html", {"tiers": tier_list(), "plans": plan_prices()})

@@ -1,8 +1,11 @@
+from decimal import Decimal
+
 import factory
 from django.contrib.auth import get_user_model
 
+from billing.models import PlanPrice, Subscription, Tier
 from desktops import crypto
-from desktops.models import ApiKey, Desktop, DesktopState, Membership, Plan, Role, Workspace
+from desktops.models import ApiKey, Desktop, DesktopEvent, DesktopState, Membership, Plan, Role, Workspace
 
 # Every factory-made user's password, for the tests that log in through the pages.
 PASSWORD = "correct horse battery staple"
@@ -58,6 +61,46 @@ class DesktopFactory(factory.django.DjangoModelFactory):
     driver = "tests.support.directory_driver.DirectoryDriver"
     driver_ref = factory.LazyAttribute(lambda d: "ref")
     state = DesktopState.RUNNING
+
+
+class TierFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Tier
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"tier-{n}")
+    max_desktops = 100
+    max_running = 100
+    max_disk_gib = 10_000
+    monthly_spend_cap = None
+
+
+class SubscriptionFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Subscription
+
+    workspace = factory.SubFactory(WorkspaceFactory)
+    tier = factory.SubFactory(TierFactory)
+
+
+def round_prices(plan: Plan) -> PlanPrice:
+    """Prices easy to count with: €0.10 an hour running, €0.73 a GiB-month (€0.001 a GiB-hour)."""
+    price, _ = PlanPrice.objects.update_or_create(
+        plan=plan, defaults={"hourly": Decimal("0.10"), "storage_gib_month": Decimal("0.73")}
+    )
+    return price
+
+
+def history(desktop: Desktop, *changes) -> None:
+    """Write a desktop's event log as it happened: (when, new state) pairs, oldest first."""
+    previous = ""
+    for at, state in changes:
+        event = desktop.events.create(from_state=previous, to_state=state, actor="test")
+        DesktopEvent.objects.filter(id=event.id).update(created_at=at)
+        previous = state
+    (at, state) = changes[-1]
+    Desktop.objects.filter(id=desktop.id).update(created_at=changes[0][0], state=state, state_changed_at=at)
+    desktop.refresh_from_db()
 
 
 def api_key_for(membership: Membership, scope: str = "write", **fields) -> str:

@@ -10,6 +10,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.utils.translation import gettext as _
 
+from billing import services as billing
 from desktops import agent_config, chat, engines, lifecycle, selectors
 from desktops.engines import TransientDriverError
 from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, WORKSPACE_AGENT_CONFIGURE
@@ -112,6 +113,11 @@ engine_maintenance = shared_task(
 # Their names before engines owned their periodic work: a copy may still sit in a broker after an upgrade.
 for _legacy in ("workers.tasks.refill_warm_pool", "workers.tasks.refresh_allowed_domains"):
     shared_task(_engine_maintenance, name=_legacy, acks_late=True, soft_time_limit=1800, time_limit=1830)
+
+
+@shared_task(name="workers.tasks.billing_meter", acks_late=True, soft_time_limit=1800, time_limit=1830)
+def billing_meter() -> dict:
+    return billing.billing_meter()
 
 
 @shared_task(

@@ -1,7 +1,12 @@
 """Shapes of the API's JSON (snake_case here, camelCase on the wire); no logic beyond input checks."""
 
+from django.utils.translation import gettext as _
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing.metering import month_parse
+from billing.models import ModelPrice, Tier
+from billing.selectors import price_of
 from desktops.models import (
     ApiKey,
     ApiScope,
@@ -22,9 +27,29 @@ from desktops.selectors import chat_content
 
 
 class PlanSerializer(serializers.ModelSerializer):
+    hourly_price = serializers.SerializerMethodField(help_text="EUR per hour running")
+    storage_price = serializers.SerializerMethodField(help_text="EUR per GiB of disk per month")
+
     class Meta:
         model = Plan
-        fields = ["id", "name", "vcpus", "memory_mib", "disk_gib", "monthly_price"]
+        fields = [
+            "id",
+            "name",
+            "vcpus",
+            "memory_mib",
+            "disk_gib",
+            "monthly_price",
+            "hourly_price",
+            "storage_price",
+        ]
+
+    @extend_schema_field(serializers.DecimalField(max_digits=10, decimal_places=4))
+    def get_hourly_price(self, plan) -> str:
+        return str(price_of(plan).hourly)
+
+    @extend_schema_field(serializers.DecimalField(max_digits=10, decimal_places=4))
+    def get_storage_price(self, plan) -> str:
+        return str(price_of(plan).storage_gib_month)
 
 
 class DesktopSerializer(serializers.ModelSerializer):
@@ -253,3 +278,150 @@ class ChatMessageSerializer(serializers.ModelSerializer):
             "output_tokens",
             "model_requests",
         ]
+
+
+# Costs and quotas
+
+
+def _money(**kwargs):
+    return serializers.DecimalField(max_digits=None, decimal_places=2, **kwargs)
+
+
+def _quantity(**kwargs):
+    return serializers.DecimalField(max_digits=None, decimal_places=4, **kwargs)
+
+
+class TierSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tier
+        fields = [
+            "name",
+            "monthly_fee",
+            "included_usage",
+            "max_desktops",
+            "max_running",
+            "max_disk_gib",
+            "monthly_spend_cap",
+        ]
+
+
+class UsageSerializer(serializers.Serializer):
+    running_hours = _quantity()
+    suspended_hours = _quantity()
+    stopped_hours = _quantity()
+    gib_hours = _quantity(help_text="GiB of disk held, times the hours it held them")
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+
+
+class CostSerializer(serializers.Serializer):
+    compute = _money(help_text="Hours running at the plan's hourly price")
+    storage = _money(help_text="GiB-hours at the plan's storage price")
+    models = _money(help_text="Tokens at the workspace's price for its agents' model (paid to its provider)")
+    total = _money()
+
+
+class DayCostsSerializer(serializers.Serializer):
+    day = serializers.DateField()
+    running_desktops = serializers.IntegerField(source="running_peak", help_text="Most running at once")
+    usage = UsageSerializer(source="meter")
+    cost = CostSerializer(source="meter")
+
+
+class DesktopDayCostsSerializer(serializers.Serializer):
+    day = serializers.DateField()
+    usage = UsageSerializer(source="meter")
+    cost = CostSerializer(source="meter")
+
+
+class DesktopCostsSerializer(serializers.Serializer):
+    desktop_id = serializers.CharField(source="desktop.id")
+    name = serializers.CharField(source="desktop.name")
+    state = serializers.CharField(source="desktop.state")
+    plan = serializers.CharField(source="desktop.plan.name")
+    usage = UsageSerializer(source="meter")
+    cost = CostSerializer(source="meter")
+
+
+class DesktopMonthCostsSerializer(DesktopCostsSerializer):
+    days = serializers.SerializerMethodField()
+
+    @extend_schema_field(DesktopDayCostsSerializer(many=True))
+    def get_days(self, costs) -> list[dict]:
+        days = [{"day": day, "meter": meter} for day, meter in costs.days.items()]
+        return DesktopDayCostsSerializer(days, many=True).data
+
+
+class SpendAlertSerializer(serializers.Serializer):
+    threshold = serializers.IntegerField(help_text="Percent of the cap")
+    spend = _money()
+    cap = _money()
+    created_at = serializers.DateTimeField()
+
+
+class MonthCostsSerializer(serializers.Serializer):
+    workspace_id = serializers.CharField(source="workspace.id")
+    month = serializers.DateField(format="%Y-%m")
+    currency = serializers.SerializerMethodField()
+    tier = TierSerializer()
+    usage = UsageSerializer(source="meter")
+    cost = CostSerializer(source="meter")
+    fee = _money(source="tier.monthly_fee", help_text="The tier's own monthly price")
+    included = _money(help_text="Desktop time and storage the tier includes")
+    credits = _money(help_text="Credits paying part of this month")
+    owed = _money(help_text="Fee, plus desktop time and storage beyond what is included, less credits")
+    spend_cap = _money(source="tier.monthly_spend_cap", allow_null=True)
+    cap_used_percent = serializers.IntegerField(source="cap_used", allow_null=True)
+    agent_model = serializers.CharField(source="model", help_text="The model the tokens are priced at")
+    model_priced = serializers.SerializerMethodField()
+    days = DayCostsSerializer(many=True)
+    desktops = DesktopCostsSerializer(many=True, help_text="The biggest spender first")
+    alerts = SpendAlertSerializer(many=True)
+
+    def get_currency(self, costs) -> str:
+        return "EUR"
+
+    def get_model_priced(self, costs) -> bool:
+        return costs.model_price is not None
+
+
+class CostsQuery(serializers.Serializer):
+    month = serializers.CharField(required=False, help_text="YYYY-MM; this month when not given")
+
+    def validate_month(self, value: str):
+        try:
+            return month_parse(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(_("Give the month as YYYY-MM, e.g. 2026-12.")) from exc
+
+
+class QuotaSerializer(serializers.Serializer):
+    used = serializers.IntegerField()
+    limit = serializers.IntegerField()
+    percent = serializers.IntegerField(allow_null=True)
+
+
+class SpendQuotaSerializer(serializers.Serializer):
+    used = _money()
+    limit = _money(allow_null=True, help_text="null: no cap")
+    percent = serializers.IntegerField(allow_null=True)
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    tier = TierSerializer()
+    desktops = QuotaSerializer()
+    running = QuotaSerializer(help_text="Desktops running or on their way to it")
+    disk_gib = QuotaSerializer(help_text="GiB of disk of the live desktops' plans")
+    spend = SpendQuotaSerializer(help_text="EUR spent this month, models included")
+
+
+class ModelPriceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ModelPrice
+        fields = ["id", "model", "input_per_million", "output_per_million", "updated_at"]
+
+
+class ModelPriceWriteSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=200, help_text="As the agent names it, e.g. claude-sonnet-4-5")
+    input_per_million = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)
+    output_per_million = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)

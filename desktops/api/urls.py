@@ -16,6 +16,7 @@ class Router(SimpleRouter):
 router = Router()
 router.register("desktops", views.DesktopViewSet, basename="desktop")
 router.register("plans", views.PlanViewSet, basename="plan")
+router.register("tiers", views.TierViewSet, basename="tier")
 router.register("workspaces", views.WorkspaceViewSet, basename="workspace")
 router.register("invitations", views.InvitationViewSet, basename="invitation")
 router.register("keys", views.ApiKeyViewSet, basename="api-key")

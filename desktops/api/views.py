@@ -12,7 +12,17 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 
-from billing.selectors import agent_usage_of_desktop, agent_usage_of_workspace
+from billing import services as billing
+from billing.metering import this_month
+from billing.selectors import (
+    agent_usage_of_desktop,
+    agent_usage_of_workspace,
+    costs_of_desktop,
+    costs_of_workspace,
+    model_price_list,
+    quota_of,
+    tier_list,
+)
 from desktops import selectors, services
 from desktops.api import serializers as s
 from desktops.audit import Actor
@@ -25,6 +35,7 @@ class BodyTooLarge(APIException):
     status_code = 413
     default_code = "too_large"
     default_detail = _("The request's body is too large for the API.")
+
 
 # What a 409 means where the services can answer one (desktops.errors.Conflict).
 NOT_NOW = OpenApiResponse(description=_("Not allowed in the current state"))
@@ -112,7 +123,13 @@ class DesktopViewSet(ApiViewSet):
         )
         return self.page(desktops, s.DesktopSerializer)
 
-    @extend_schema(request=s.DesktopCreateSerializer, responses={201: s.DesktopSerializer, 409: NOT_NOW})
+    @extend_schema(
+        request=s.DesktopCreateSerializer,
+        responses={
+            201: s.DesktopSerializer,
+            409: OpenApiResponse(description="Past a quota of the workspace's tier (code quota_exceeded)"),
+        },
+    )
     def create(self, request):
         data = self.valid(s.DesktopCreateSerializer, request.data)
         workspace = self.workspace(data.get("workspace_id"), minimum=Role.MEMBER)
@@ -137,7 +154,12 @@ class DesktopViewSet(ApiViewSet):
         operation_id="desktops_act",
         request=None,
         parameters=[OpenApiParameter("step", OpenApiTypes.STR, OpenApiParameter.PATH, enum=STEPS)],
-        responses={202: s.DesktopSerializer, 409: NOT_NOW},
+        responses={
+            202: s.DesktopSerializer,
+            409: OpenApiResponse(
+                description="Not allowed in the current state, or past a quota of the workspace's tier"
+            ),
+        },
     )
     @action(detail=True, methods=["post"], url_path=rf"(?P<step>{'|'.join(STEPS)})")
     def act(self, request, pk, step):
@@ -166,6 +188,14 @@ class DesktopViewSet(ApiViewSet):
         """Tokens and model requests the desktop's agent used, over all its answered messages."""
         return Response(s.AgentUsageSerializer(agent_usage_of_desktop(self._desktop(pk))).data)
 
+    @extend_schema(parameters=[s.CostsQuery], responses=s.DesktopMonthCostsSerializer)
+    @action(detail=True, methods=["get"])
+    def costs(self, request, pk):
+        """What the desktop used and cost in a month (`?month=YYYY-MM`, this one by default), day by day."""
+        month = self.valid(s.CostsQuery, request.query_params).get("month") or this_month()
+        costs = costs_of_desktop(actor=self.actor, desktop_id=self._desktop(pk).id, month=month)
+        return Response(s.DesktopMonthCostsSerializer(costs).data)
+
     @extend_schema(request=s.RelaySessionRequestSerializer, responses={201: s.RelaySessionSerializer})
     @action(detail=True, methods=["post"])
     def sessions(self, request, pk):
@@ -192,6 +222,13 @@ class DesktopViewSet(ApiViewSet):
 class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ApiViewSet):
     serializer_class = s.PlanSerializer
     queryset = selectors.plan_list()
+
+
+class TierViewSet(mixins.ListModelMixin, ApiViewSet):
+    """The tiers a workspace can be on, with their quotas and monthly price."""
+
+    serializer_class = s.TierSerializer
+    queryset = tier_list()
 
 
 class WorkspaceViewSet(ApiViewSet):
@@ -240,6 +277,38 @@ class WorkspaceViewSet(ApiViewSet):
         total, per_desktop = agent_usage_of_workspace(self.workspace(pk))
         desktops = [{"desktop_id": i, "name": n, **vars(u)} for i, n, u in per_desktop]
         return Response(s.WorkspaceUsageSerializer({"total": total, "desktops": desktops}).data)
+
+    @extend_schema(parameters=[s.CostsQuery], responses=s.MonthCostsSerializer)
+    @action(detail=True, methods=["get"])
+    def costs(self, request, pk):
+        """The month's usage and costs (`?month=YYYY-MM`, this one by default): per day, per desktop, owed."""
+        month = self.valid(s.CostsQuery, request.query_params).get("month") or this_month()
+        costs = costs_of_workspace(actor=self.actor, workspace_id=self.workspace(pk).id, month=month)
+        return Response(s.MonthCostsSerializer(costs).data)
+
+    @extend_schema(responses=s.QuotaUsageSerializer)
+    @action(detail=True, methods=["get"])
+    def quota(self, request, pk):
+        """The workspace's tier, and what it uses of each of its quotas now."""
+        usage = quota_of(actor=self.actor, workspace_id=self.workspace(pk).id)
+        return Response(s.QuotaUsageSerializer(usage).data)
+
+    @extend_schema(request=s.ModelPriceWriteSerializer, responses=s.ModelPriceSerializer(many=True))
+    @action(detail=True, methods=["get", "post"], url_path="model-prices")
+    def model_prices(self, request, pk):
+        """What each model's tokens cost the workspace; POST sets one model's price (new or changed)."""
+        workspace = self.workspace(pk)
+        if request.method == "GET":
+            return self.page(model_price_list(workspace=workspace), s.ModelPriceSerializer)
+        data = self.valid(s.ModelPriceWriteSerializer, request.data)
+        price = billing.model_price_set(actor=self.actor, workspace_id=workspace.id, **data)
+        return Response(s.ModelPriceSerializer(price).data)
+
+    @extend_schema(request=None, responses={204: None})
+    @action(detail=True, methods=["delete"], url_path=r"model-prices/(?P<price_id>mpr_[a-z0-9]+)")
+    def model_price(self, request, pk, price_id):
+        billing.model_price_delete(actor=self.actor, workspace_id=self.workspace(pk).id, price_id=price_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=s.MembershipSerializer(many=True))
     @action(detail=True, methods=["get"])

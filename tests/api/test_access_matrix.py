@@ -35,6 +35,15 @@ def _api_key(ws, m):
     return client_for(m[Role.OWNER]).post("/api/keys", body, format="json").json()["id"]
 
 
+def _model_price(ws, m):
+    body = {"model": "gpt-5", "inputPerMillion": "1.25", "outputPerMillion": "10"}
+    return (
+        client_for(m[Role.OWNER])
+        .post(f"/api/workspaces/{ws.id}/model-prices", body, format="json")
+        .json()["id"]
+    )
+
+
 CASES = [
     Case("list desktops", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops?workspace={ws.id}", None)),
     Case("get desktop", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}", None)),
@@ -191,6 +200,41 @@ CASES = [
         "delete llm key", Role.ADMIN, 204, lambda ws, m: ("delete", f"/api/llm-keys/{_llm_key(ws, m)}", None)
     ),
     Case("read audit", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/audit?workspace={ws.id}", None)),
+    Case(
+        "workspace costs",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/workspaces/{ws.id}/costs?month=2026-12", None),
+    ),
+    Case(
+        "desktop costs",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/costs", None),
+    ),
+    Case("workspace quota", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}/quota", None)),
+    Case(
+        "list model prices",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/workspaces/{ws.id}/model-prices", None),
+    ),
+    Case(
+        "set model price",
+        Role.ADMIN,
+        200,
+        lambda ws, m: (
+            "post",
+            f"/api/workspaces/{ws.id}/model-prices",
+            {"model": "claude-sonnet-4-5", "inputPerMillion": "3", "outputPerMillion": "15"},
+        ),
+    ),
+    Case(
+        "delete model price",
+        Role.ADMIN,
+        204,
+        lambda ws, m: ("delete", f"/api/workspaces/{ws.id}/model-prices/{_model_price(ws, m)}", None),
+    ),
 ]
 
 
@@ -221,6 +265,13 @@ def test_plans_are_readable_by_anyone_signed_in(role, members, plan):
     response = client_for(key=api_key_for(members[role])).get("/api/plans")
     assert response.status_code == 200
     assert "starter" in [p["name"] for p in response.json()["results"]]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_tiers_are_readable_by_anyone_signed_in(role, members):
+    response = client_for(key=api_key_for(members[role])).get("/api/tiers")
+    assert response.status_code == 200
+    assert "free" in [t["name"] for t in response.json()["results"]]
 
 
 def test_outsider_sees_no_desktop_of_another_workspace_in_lists(workspace, members):

@@ -70,6 +70,11 @@ class DriverContract:
         assert not raised.value.transient
         assert raised.value.message
 
+    def test_disk_usage_is_what_the_disk_holds_and_unknown_without_one(self, driver, spec, provisioned):
+        assert 0 < driver.disk_usage(spec.key) <= spec.disk_gib * 1024**3
+        driver.destroy(spec.key)
+        assert driver.disk_usage(spec.key) is None
+
     def test_network_policy_applies_to_a_running_instance(self, driver, spec, provisioned):
         driver.apply_network_policy(spec.key, NetworkPolicy(allow_internet=False))
         driver.apply_network_policy(spec.key, NetworkPolicy())

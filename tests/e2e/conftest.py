@@ -56,8 +56,12 @@ def screenshot(page, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory, driver_dir):
-    """The suite's daphne for one test module (a module needing other settings defines its own)."""
+def site(tmp_path_factory, driver_dir, django_db_setup):
+    """The suite's daphne for one test module (a module needing other settings defines its own).
+
+    After the test database is set up, whose name it is given: a module that starts no worker
+    would otherwise start it on the development database's.
+    """
     with web_server(driver_dir, tmp_path_factory.getbasetemp()) as url:
         yield url
 

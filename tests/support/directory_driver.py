@@ -57,6 +57,12 @@ class DirectoryDriver(ComputeDriver):
     def vanish(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def set_disk_usage(self, key: str, used: int | None) -> None:
+        """What `disk_usage` answers for the instance (None: cannot tell, as an unmounted disk)."""
+        data = self._require(key)
+        data["disk_bytes"] = used
+        self._save(key, data)
+
     # The interface
 
     def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
@@ -96,6 +102,10 @@ class DirectoryDriver(ComputeDriver):
 
     def list_instances(self) -> list[InstanceStatus]:
         return [self.status(path.stem) for path in sorted((self.root / "instances").glob("*.json"))]
+
+    def disk_usage(self, key: str) -> int | None:
+        data = self._load(key)
+        return None if data is None else data.get("disk_bytes")
 
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
         data = self._require(key)

@@ -209,6 +209,13 @@ class ComputeDriver(abc.ABC):
         """What the instance uses now, where the engine can tell; None where it cannot."""
         return None
 
+    def disk_usage(self, key: str) -> int | None:
+        """Bytes the instance's disk holds, for billing its storage; None where the engine cannot tell now.
+
+        Optional: an engine without it is billed no storage.
+        """
+        return None
+
     def console(self, key: str) -> ConsoleTicket:
         """A one-time way to the instance's own console, for when the guest's VNC server is unreachable."""
         raise DriverError(f"the {self.name or type(self).__name__} engine has no console of its own")

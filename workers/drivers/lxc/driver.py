@@ -159,6 +159,10 @@ class LxcDriver(ComputeDriver):
         except (OSError, KeyError, ValueError):
             return None  # stopped, or gone between the check and the read
 
+    def disk_usage(self, key: str) -> int | None:
+        """The space used in the desktop's disk image, while it is mounted."""
+        return storage.used_bytes(self.store.dir(checked_key(key)))
+
     def image_metadata(self, key: str) -> dict:
         """The ``image.json`` of the golden image build the desktop was cloned from (LXC only)."""
         meta = self.store.existing(checked_key(key), "describe the image of")

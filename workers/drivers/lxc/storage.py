@@ -70,6 +70,15 @@ def mount(base: Path, image: str, id_base: int) -> None:
         )
 
 
+def used_bytes(base: Path) -> int | None:
+    """What the desktop has written to its disk; None while the disk is not mounted (a stopped desktop)."""
+    disk = base / "disk"
+    if str(disk) not in mountpoints():
+        return None
+    stat = os.statvfs(disk)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
 def unmount(base: Path, required: bool) -> None:
     for path in (base / "rootfs", base / "disk"):
         deadline = time.monotonic() + 5

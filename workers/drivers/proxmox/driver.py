@@ -150,6 +150,10 @@ class ProxmoxDriver(ComputeDriver):
             return InstanceStatus(key=key, state=InstanceState.ABSENT)
         return self.machines.status_of(vm, key)
 
+    def disk_usage(self, key: str) -> int | None:
+        vm = self.pve.find(checked_key(key))
+        return None if vm is None else self.machines.disk_bytes(vm)
+
     def list_instances(self) -> list[InstanceStatus]:
         """Every desktop VM, without addresses: asking each guest agent would make reconciling slow."""
         instances = []

@@ -179,6 +179,11 @@ class Machines:
             self.pve.task(vm, "stop", self.pve.vm(vm).status.stop.post)
         self.pve.task(vm, "destroy", self.pve.vm(vm).delete, purge=1, **{"destroy-unreferenced-disks": 1})
 
+    def disk_bytes(self, vm: PveVm) -> int:
+        """The size of the VM's disk as its configuration states it (the storage it holds on the node)."""
+        config = self.pve.call(f"read the config of VM {vm.vmid}", self.pve.vm(vm).config.get)
+        return round(_disk_gib(config.get(self.config.disk, "")) * 1024**3)
+
     def status_of(self, vm: PveVm, key: str) -> InstanceStatus:
         current = self.pve.refresh(vm)
         if current["status"] == "stopped":

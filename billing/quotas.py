@@ -1,0 +1,75 @@
+"""The tier's quotas, checked where desktops are made, started and resumed.
+
+Each check locks the workspace's row for the rest of the caller's transaction: concurrent creates
+and starts of one workspace queue there until the one ahead commits, so each counts the desktops
+the others made or started and none slips past a quota.
+"""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from billing.money import euros
+from billing.selectors import QuotaUsage, quota_usage
+from desktops.errors import QuotaExceeded
+from desktops.models import Desktop, Plan, Workspace
+
+# The actions that make a desktop run again.
+STARTS = {"start", "resume"}
+
+
+def quota_check_create(*, workspace: Workspace, plan: Plan) -> None:
+    """Refuse a new desktop of `plan` past the tier's quotas; call inside the creating transaction."""
+    usage = _locked(workspace.id)
+    tier, desktops, disk = usage.tier.name, usage.desktops, usage.disk_gib
+    if desktops.used >= desktops.limit:
+        raise QuotaExceeded(
+            ngettext(
+                "%(used)d of %(limit)d desktop on the %(tier)s tier: destroy one to make another.",
+                "%(used)d of %(limit)d desktops on the %(tier)s tier: destroy one to make another.",
+                desktops.limit,
+            )
+            % {"used": desktops.used, "limit": desktops.limit, "tier": tier}
+        )
+    if disk.used + plan.disk_gib > disk.limit:
+        raise QuotaExceeded(
+            _(
+                "%(used)d of %(limit)d GiB of disk on the %(tier)s tier: "
+                "a %(plan)s desktop needs %(needed)d GiB more."
+            )
+            % {"used": disk.used, "limit": disk.limit, "tier": tier, "plan": plan, "needed": plan.disk_gib}
+        )
+    _check_running_and_spend(usage)
+
+
+def quota_check_action(*, desktop: Desktop, action: str) -> None:
+    """Refuse to start or resume a desktop past the tier's quotas; call inside the step's transaction."""
+    if action in STARTS:
+        _check_running_and_spend(_locked(desktop.workspace_id, exclude=desktop.id))
+
+
+def _locked(workspace_id: str, exclude: str = "") -> QuotaUsage:
+    workspace = Workspace.objects.select_for_update().get(id=workspace_id)
+    return quota_usage(workspace=workspace, exclude=exclude)
+
+
+def _check_running_and_spend(usage: QuotaUsage) -> None:
+    tier, running, spend = usage.tier.name, usage.running, usage.spend
+    if running.used >= running.limit:
+        raise QuotaExceeded(
+            ngettext(
+                "%(used)d of %(limit)d running desktop on the %(tier)s tier: stop or suspend one first.",
+                "%(used)d of %(limit)d running desktops on the %(tier)s tier: stop or suspend one first.",
+                running.limit,
+            )
+            % {"used": running.used, "limit": running.limit, "tier": tier}
+        )
+    if spend.limit is not None and spend.used >= spend.limit:
+        raise QuotaExceeded(
+            _(
+                "%(spent)s of the %(cap)s monthly spend cap on the %(tier)s tier: "
+                "no desktop starts until next month."
+            )
+            % {"spent": euros(spend.used), "cap": euros(spend.limit), "tier": tier}
+        )
