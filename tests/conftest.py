@@ -28,6 +28,7 @@ TEST_BROKER = os.environ.get("TEST_CELERY_BROKER_URL", "redis://127.0.0.1:6379/1
 TEST_QUEUE = f"test-{uuid.uuid4().hex[:8]}"
 # Agent turns are followed on a queue of their own, by workers of their own (see CELERY_CHAT_QUEUE).
 TEST_CHAT_QUEUE = f"{TEST_QUEUE}-chat"
+LIFECYCLE_NODE, CHAT_NODE = f"lifecycle-{TEST_QUEUE}", f"chat-{TEST_QUEUE}"
 ROOT = Path(__file__).resolve().parent.parent
 # Desktops made through the API in tests get an LXC network and state of their own, apart from the
 # driver suite's and from a control plane running on this host.
@@ -158,15 +159,18 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
         CHAT_STALE_AFTER="3",
     )
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
-    lifecycle = [*worker, "-Q", TEST_QUEUE, "-c", "2", "-n", "lifecycle@%h"]
-    chat = [*worker, "-Q", TEST_CHAT_QUEUE, "--pool", "threads", "-c", "8", "-n", "chat@%h"]
+    # Node names of this run only: other test runs on the machine share the broker's control channel.
+    lifecycle = [*worker, "-Q", TEST_QUEUE, "-c", "2", "-n", f"{LIFECYCLE_NODE}@%h"]
+    chat = [*worker, "-Q", TEST_CHAT_QUEUE, "--pool", "threads", "-c", "8", "-n", f"{CHAT_NODE}@%h"]
     with (
-        service_process(
-            "celery-worker", lifecycle, env, basetemp, lambda: workers_answering(celery_app, "lifecycle@")
-        ),
-        service_process("celery-chat", chat, env, basetemp, lambda: workers_answering(celery_app, "chat@")),
+        service_process("celery-worker", lifecycle, env, basetemp, lambda: node_answers(LIFECYCLE_NODE)),
+        service_process("celery-chat", chat, env, basetemp, lambda: node_answers(CHAT_NODE)),
     ):
         yield
+
+
+def node_answers(node: str) -> bool:
+    return workers_answering(celery_app, f"{node}@")
 
 
 @contextmanager

@@ -18,7 +18,15 @@ from celery.signals import before_task_publish
 from desktops.models import AuditEvent, ChatMessage, Role
 from desktops.selectors import chat_content
 from lebureau.celery import app as celery_app
-from tests.conftest import FULL_IMAGE, TEST_BROKER, TEST_CHAT_QUEUE, TEST_QUEUE, service_env
+from tests.conftest import (
+    CHAT_NODE,
+    FULL_IMAGE,
+    TEST_BROKER,
+    TEST_CHAT_QUEUE,
+    TEST_QUEUE,
+    node_answers,
+    service_env,
+)
 from tests.support.desktops import add_scripted_model_key as add_key
 from tests.support.desktops import provision, run
 from tests.support.scripted_model import Text, ToolCall
@@ -175,14 +183,17 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
     scripted_model.script(Text(long_answer, pace=0.15), Text("Second answer."))
 
     # The suite's chat worker stands aside; a second one takes the turn, then dies mid-answer.
-    node = next(n for reply in celery_app.control.ping(timeout=1) for n in reply if n.startswith("chat@"))
+    node = next(
+        n for reply in celery_app.control.ping(timeout=1) for n in reply if n.startswith(f"{CHAT_NODE}@")
+    )
     celery_app.control.cancel_consumer(TEST_CHAT_QUEUE, destination=[node], reply=True)
     basetemp = tmp_path_factory.getbasetemp()
     env = service_env(driver_dir, basetemp, CHAT_STALE_AFTER="3")
     args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-Q", TEST_CHAT_QUEUE, "-c", "2"]
-    doomed_ready = lambda: any("doomed@" in n for r in celery_app.control.ping(timeout=0.5) for n in r)  # noqa: E731
+    doomed = f"doomed-{TEST_QUEUE}"
+    doomed_ready = lambda: node_answers(doomed)  # noqa: E731
     try:
-        doomed_args = [*args, "-n", "doomed@%h"]
+        doomed_args = [*args, "-n", f"{doomed}@%h"]
         with service_process("doomed-worker", doomed_args, env, basetemp, doomed_ready):
             first = chat(lxc_api, desktop, "Écris une longue réponse")
             second = chat(lxc_api, desktop, "Et une deuxième")
@@ -193,7 +204,7 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
             # One turn at a time: the second message waits its turn.
             assert ChatMessage.objects.get(id=second["id"]).status == "queued"
             # The worker and its pool's processes, all at once, as a machine that loses power would.
-            subprocess.run(["pkill", "-9", "-f", "doomed@%h"], check=True)
+            subprocess.run(["pkill", "-9", "-f", f"{doomed}@%h"], check=True)
             half = ChatMessage.objects.get(id=first["id"])
             assert half.status == "running" and 0 < len(chat_content(half)) < len(long_answer)
     finally:

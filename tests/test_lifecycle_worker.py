@@ -13,10 +13,10 @@ from django.utils import timezone
 from desktops import lifecycle
 from desktops.models import AuditEvent, Desktop, DesktopEvent, Role
 from lebureau.celery import app as celery_app
-from tests.conftest import TEST_QUEUE, client_for, service_env
+from tests.conftest import LIFECYCLE_NODE, TEST_QUEUE, client_for, node_answers, service_env
 from tests.factories import DesktopFactory, api_key_for
 from tests.support.desktops import act, wait_for_state
-from tests.support.services import service_process, workers_answering
+from tests.support.services import service_process
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -190,7 +190,7 @@ def test_one_tenants_burst_of_creates_does_not_hold_up_anothers_stop(
     other_id = response.json()["id"]
     wait_for_state(other_id, "running")
     node = next(
-        n for reply in celery_app.control.ping(timeout=1) for n in reply if n.startswith("lifecycle@")
+        n for reply in celery_app.control.ping(timeout=1) for n in reply if n.startswith(f"{LIFECYCLE_NODE}@")
     )
     celery_app.control.cancel_consumer(TEST_QUEUE, destination=[node], reply=True)
     basetemp = tmp_path_factory.getbasetemp()
@@ -199,10 +199,10 @@ def test_one_tenants_burst_of_creates_does_not_hold_up_anothers_stop(
     try:
         with service_process(
             "fair-worker",
-            [*args, "-n", "fair@%h"],
+            [*args, "-n", f"fair-{TEST_QUEUE}@%h"],
             env,
             basetemp,
-            lambda: workers_answering(celery_app, "fair@"),
+            lambda: node_answers(f"fair-{TEST_QUEUE}"),
         ):
             busy = []
             for i in range(6):

@@ -75,6 +75,8 @@ class DirectoryDriver(ComputeDriver):
                 "state": InstanceState.RUNNING,
                 "ip": self._ip(spec.key),
                 "policy": None,
+                # What a fresh overlay holds: the image is below it, the desktop's writes in it.
+                "disk_bytes": 64 * 1024**2,
             }
             self._save(spec.key, data)
         return self._status(spec.key, data)
