@@ -1,4 +1,4 @@
-.PHONY: setup dev run test lint check lock
+.PHONY: setup dev run test lint check lock bench
 
 # Install everything, migrate, then run web + worker + beat in the foreground.
 dev: setup run
@@ -28,3 +28,7 @@ lock:
 	.venv/bin/pip install -q pip-tools
 	.venv/bin/pip-compile -q --extra dev --generate-hashes --allow-unsafe --strip-extras \
 	    --no-emit-index-url --no-emit-find-links -o requirements.lock pyproject.toml
+
+# Every bench, one after the other, as root: one table, written to docs/benchmarks/.
+bench: setup
+	.venv/bin/python bench/run.py

@@ -24,8 +24,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import Figure, record
 from bench.stack import BENCH_LXC, control_plane
-from bench.stats import summary
+from bench.stats import percentile, summary
 from desktops import services
 from desktops.agent_config import GATEWAY_PORT
 from desktops.audit import Actor
@@ -160,6 +161,12 @@ def main() -> None:
     print(f"{'first message, gateway just up':<34} first piece {cold[0]:.2f} s, complete {cold[1]:.2f} s")
     print(summary("first piece (target <= 2 s)", [f for f, _ in warm]))
     print(summary("complete answer", [c for _, c in warm]))
+    record(
+        Figure("chat: running -> first streamed piece of the first message", gateway + cold[0], "s", 5),
+        Figure(
+            "chat: message -> first streamed piece, warm, p95", percentile([f for f, _ in warm], 0.95), "s", 2
+        ),
+    )
 
 
 if __name__ == "__main__":

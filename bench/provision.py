@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/provision.py [--sequential 20] [--concurrent 10] [--idle-wait 20]
 
-Starts its own daphne and Celery worker (on the development database, `make setup`), with an LXC
+Starts its own daphne and Celery worker (on the bench database, `bench/database.py`), with an LXC
 network of its own, and times each `POST /api/desktops` (minimal profile) over HTTP until the API
 reports `running` and the desktop's VNC server answers: N one after the other, then M at once.
 Then prints the memory of one idle desktop. Destroys everything it made.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +23,9 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.provision_driver import memory_of
+from bench.report import Figure, record
 from bench.stack import control_plane
-from bench.stats import summary
+from bench.stats import percentile, summary
 
 
 def vnc_answers(ip: str) -> bool:
@@ -112,6 +114,15 @@ def report(args, sequential, concurrent, wall, memory) -> None:
     print(f"idle desktop after {args.idle_wait:.0f} s (Xvnc + openbox + xterm + sshd; target <= 200 MiB):")
     for name, value in memory.items():
         print(f"  {name:<48} {value:8.1f} MiB")
+    pss = next(value for name, value in memory.items() if name.startswith("sum of PSS"))
+    record(
+        Figure("API create -> running, sequential, median", statistics.median(sequential), "s", 1.5),
+        Figure(f"API create -> running, {args.concurrent} at once, slowest", max(concurrent), "s", 4),
+        Figure(
+            f"API create -> running, {args.concurrent} at once, p95", percentile(concurrent, 0.95), "s", 4
+        ),
+        Figure("idle minimal desktop, memory (PSS)", pss, "MiB", 200),
+    )
 
 
 if __name__ == "__main__":

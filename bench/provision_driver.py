@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import Figure, record
 from bench.stats import summary
 from workers.drivers.base import InstanceSpec
 from workers.drivers.lxc import LxcConfig, LxcDriver
@@ -138,6 +140,11 @@ def main() -> None:
         print(f"idle desktop after {args.idle_wait:.0f} s (minimal profile, Xvnc + openbox + xterm + sshd):")
         for name, value in memory.items():
             print(f"  {name:<48} {value:8.1f} MiB")
+        # The engine alone: reference figures under the API's, which carry the targets.
+        record(
+            Figure("LXC engine provision, sequential, median", statistics.median(sequential), "s"),
+            Figure(f"LXC engine provision, {args.concurrent} at once, slowest", max(concurrent), "s"),
+        )
     finally:
         for key in made:
             driver.destroy(key)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import Figure, record
 from tests.pve.simulator import Simulator, TaskTimes
 from tests.pve.support import SSH_KEY, TEMPLATE, driver_for, make_spec
 from workers.drivers.proxmox import PoolShape
@@ -116,6 +117,14 @@ def main() -> None:
         print(f"target warm claim <= 1 s + SSH step: {warm_control:.3f} s, {verdict(warm_control <= 1)}")
         print(
             f"target {args.concurrent} at once < 2x one: {wall / single:.2f}x, {verdict(wall < 2 * single)}"
+        )
+        record(
+            Figure(
+                "Proxmox (simulated) warm-pool claim, control plane's share, slowest", warm_control, "s", 1
+            ),
+            Figure(
+                f"Proxmox (simulated) {args.concurrent} creates at once, times one", wall / single, "x", 2
+            ),
         )
     finally:
         sim.stop()

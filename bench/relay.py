@@ -9,7 +9,7 @@ daphne in front of them, exactly as a desktop is served. Prints, in one run:
     as VNC viewers ask for it);
   - round trip of a small request (a 1x1 non-incremental update), p50 / p99, relay vs direct;
   - terminal keystroke echo through the relay (p50 / p99) vs a direct SSH channel.
-It uses the development database (`make setup`) and removes the rows it made.
+It uses the bench database (`bench/database.py`) and removes the rows it made.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
+from bench.database import django_setup  # noqa: E402
 
-import django  # noqa: E402
-
-django.setup()
+django_setup()
 
 import websockets  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
 
+from bench.report import Figure, record  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from desktops.guest import control_plane_public_key, desktop_ssh_connect  # noqa: E402
@@ -222,7 +222,7 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-relay-"))
-    user = django.contrib.auth.get_user_model().objects.create_user(
+    user = get_user_model().objects.create_user(
         f"bench-{os.getpid()}", f"bench-{os.getpid()}@example.com", None
     )
     workspace = Workspace.objects.create(name="relay bench")
@@ -299,6 +299,16 @@ def main() -> None:
     print(
         f"  via relay  : p50 {statistics.median(r_echo):.3f} ms  p99 {percentile(r_echo, 0.99):.3f} ms"
         "  (target p50 <= 10 ms)"
+    )
+    record(
+        *(
+            Figure(
+                f"VNC {name} updates through the relay, share of direct TCP", 100 * r_tp / d_tp, "%", 80, True
+            )
+            for name, ((d_tp, _, _), (r_tp, _, _)) in runs.items()
+        ),
+        Figure("VNC small request round trip added by the relay, p50", added, "ms", 2),
+        Figure("terminal keystroke echo through the relay, p50", statistics.median(r_echo), "ms", 10),
     )
 
 

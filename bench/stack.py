@@ -1,5 +1,5 @@
-"""The control plane a bench runs against: its own daphne and Celery worker on the development
-database (`make setup`), a throwaway user, workspace and API key, and an LXC network of its own.
+"""The control plane a bench runs against: its own daphne and Celery worker on the bench's own
+database (`bench/database.py`), a throwaway user, workspace and API key, and an LXC network of its own.
 Everything it made is removed afterwards, desktops included."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import django
+from bench.database import django_setup
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
-django.setup()
+django_setup()
 
 from django.contrib.auth import get_user_model  # noqa: E402
 
