@@ -74,6 +74,7 @@ class DesktopSerializer(serializers.ModelSerializer):
             "driver",
             "driver_ref",
             "last_error",
+            "progress",
             "labels",
             "created_at",
             "updated_at",

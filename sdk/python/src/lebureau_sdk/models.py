@@ -38,6 +38,7 @@ class Desktop:
     driver: str
     driver_ref: str
     last_error: str
+    progress: str
     labels: list[str]
     created_at: datetime
     updated_at: datetime
