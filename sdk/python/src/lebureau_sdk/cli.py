@@ -16,6 +16,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lebureau_sdk import Client, LeBureauError, NotConfigured, models
+from lebureau_sdk._core import camel
 from lebureau_sdk.config import DEFAULT_URL, resolve, save, saved
 
 app = typer.Typer(no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
@@ -35,15 +36,18 @@ def client() -> Client:
 
 
 def emit(value: Any) -> None:
-    """JSON of an answer (models, lists of them) on stdout."""
-    plain = (
-        [asdict(v) for v in value]
-        if isinstance(value, list)
-        else asdict(value)
-        if is_dataclass(value)
-        else value
-    )
-    out.print_json(json.dumps(plain, default=str))
+    """An answer (models, lists of them) on stdout as the API's JSON, camelCase."""
+    out.print_json(json.dumps(_api_json(value), default=str))
+
+
+def _api_json(value: Any) -> Any:
+    if is_dataclass(value):
+        value = asdict(value)
+    if isinstance(value, dict):
+        return {camel(k): _api_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_api_json(v) for v in value]
+    return value
 
 
 def desktop_id(api: Client, ref: str) -> str:
@@ -173,7 +177,7 @@ def _act(step: str, refs: list[str], label: list[str] | None, wait: bool, as_jso
     for outcome in refused:
         err.print(f"[red]{outcome.name or outcome.desktop_id}[/]: {outcome.message}")
     if as_json:
-        emit({"desktops": [asdict(d) for d in desktops], "refused": [asdict(o) for o in refused]})
+        emit({"desktops": desktops, "refused": refused})
     elif desktops:
         out.print(desktops_table(desktops))
     if refused:
