@@ -15,7 +15,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from desktops.models import Desktop, Role, Schedule, ScheduleRun
 from lebureau.celery import app as celery_app
-from tests.conftest import LXC_IMAGE, web_server
+from tests.conftest import LXC_IMAGE, ROOT, web_server
 from tests.factories import api_key_for
 from tests.support.desktops import provision, wait_for_state
 
@@ -30,6 +30,10 @@ pytestmark = [
 LEBUREAU = str(Path(sys.executable).with_name("lebureau"))
 # Four lines, half a second apart: the answer grows while the SDK polls it.
 STREAMING_AGENT = "bash -c 'for i in 1 2 3 4; do echo \"$1 $i\"; sleep 0.5; done' agent {message}"
+# Leaves its task, as a report, in ~/out: the pipeline's artefacts.
+REPORTING_AGENT = (
+    'sh -c \'mkdir -p ~/out && printf "%s\\n" "$1" > ~/out/report.md && echo report written\' agent {message}'
+)
 
 
 @pytest.fixture
@@ -99,3 +103,32 @@ def test_a_schedule_starts_the_stopped_desktop_sends_and_stops_it_after_the_answ
     assert wait_for_state(real_desktop.id, "stopped", "error", timeout=60).state == "stopped"
     states = list(Desktop.objects.get(id=real_desktop.id).events.values_list("to_state", flat=True))
     assert states[-5:] == ["stopped", "starting", "running", "stopping", "stopped"]
+
+
+def test_the_pipeline_example_runs_a_task_and_brings_back_its_artefacts(
+    lxc_api, workspace, key, driver_dir, tmp_path_factory, tmp_path
+):
+    """examples/ci/pipeline.sh as a CI runner would run it, on a real desktop made through the CLI."""
+    workspace.agent_command = REPORTING_AGENT
+    workspace.save(update_fields=["agent_command"])
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "LEBUREAU_API_KEY": key,
+        "IMAGE": "minimal",
+        "DESKTOP_NAME": "pipeline",
+        "TASK": "Écris le rapport",
+        "ARTEFACTS_DIR": str(tmp_path / "artefacts"),
+    }
+    with web_server(driver_dir, tmp_path_factory.getbasetemp(), COMPUTE_DRIVER="lxc") as url:
+        ran = subprocess.run(
+            [str(ROOT / "examples/ci/pipeline.sh")],
+            env={**env, "LEBUREAU_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert ran.returncode == 0, ran.stderr
+    assert "report written" in ran.stdout
+    assert (tmp_path / "artefacts" / "report.md").read_text() == "Écris le rapport\n"
+    assert Desktop.objects.get(name="pipeline").state in ("destroying", "destroyed")
