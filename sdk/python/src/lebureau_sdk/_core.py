@@ -27,6 +27,7 @@ from typing import (
     Protocol,
     TypeVar,
     Union,
+    cast,
     get_args,
     get_origin,
     get_type_hints,
@@ -68,12 +69,14 @@ class Sleep:
 
 
 @dataclass(frozen=True)
-class Emit:
-    value: Any
+class Emit(Generic[T]):
+    value: T
 
 
-Step = Call | Sleep | Emit
+Step = Call | Sleep | Emit[Any]
 Plan = Generator[Step, Any, T]
+# A plan whose items, of type T, are what the caller iterates over.
+Stream = Generator[Call | Sleep | Emit[T], Any, None]
 
 
 # The API's operations
@@ -147,7 +150,7 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def pages(call: Call, page_size: int = 200) -> Plan[None]:
+def pages(call: Call, page_size: int = 200) -> Stream[Any]:
     """Emit every item of a paged list, fetching page after page."""
     page = 1
     while True:
@@ -175,7 +178,7 @@ def decode(tp: Any, data: Any) -> Any:
         return [decode(get_args(tp)[0], item) for item in data]
     if origin is dict:
         return {key: decode(get_args(tp)[1], value) for key, value in data.items()}
-    if is_dataclass(tp):
+    if is_dataclass(tp) and isinstance(tp, type):
         hints = get_type_hints(tp)
         return tp(**{f.name: decode(hints[f.name], data.get(camel(f.name))) for f in fields(tp)})
     if tp is datetime:
@@ -207,10 +210,10 @@ class Resource(Generic[M]):
         self._runner = runner
 
 
-class Operation(Generic[P, T]):
-    """An SDK method standing for `endpoint`: called on a `Client`'s resource it returns the answer, on an
-    `AsyncClient`'s an awaitable of it. `local` names the method's own parameters (not the API's),
-    `fixes` the endpoint's parameters the method sets itself."""
+class Method(Generic[P, T]):
+    """An SDK method standing for `endpoint`, written as a plan and run by the client it is called on.
+    `local` names the method's own parameters (not the API's), `fixes` the endpoint's parameters the
+    method sets itself."""
 
     streams = False
 
@@ -219,8 +222,22 @@ class Operation(Generic[P, T]):
     ):
         self.fn, self.endpoint, self.local, self.fixes = fn, endpoint, local, fixes
         self.signature = inspect.signature(fn)
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(cast(Any, self), fn)
         OPERATIONS.append(self)
+
+    def _bind(self, obj: Resource[Any]) -> Callable[..., Any]:
+        runner = obj._runner
+        start = runner.stream if self.streams else runner.run
+        bound = functools.partial(self.fn, obj)
+        method = functools.wraps(self.fn)(lambda *args, **kwargs: start(bound(*args, **kwargs)))
+        method.__signature__ = self.signature.replace(  # type: ignore[attr-defined]
+            parameters=list(self.signature.parameters.values())[1:], return_annotation=inspect.Signature.empty
+        )
+        return method
+
+
+class Operation(Method[P, T]):
+    """Called on a `Client`'s resource it returns the answer, on an `AsyncClient`'s an awaitable of it."""
 
     @overload
     def __get__(self, obj: None, owner: type) -> Operation[P, T]: ...
@@ -229,19 +246,10 @@ class Operation(Generic[P, T]):
     @overload
     def __get__(self, obj: Resource[Async], owner: type) -> Callable[P, Awaitable[T]]: ...
     def __get__(self, obj, owner):
-        if obj is None:
-            return self
-        runner = obj._runner
-        start = runner.stream if self.streams else runner.run
-        bound = functools.partial(self.fn, obj)
-        method = functools.wraps(self.fn)(lambda *args, **kwargs: start(bound(*args, **kwargs)))
-        method.__signature__ = self.signature.replace(
-            parameters=list(self.signature.parameters.values())[1:], return_annotation=inspect.Signature.empty
-        )
-        return method
+        return self if obj is None else self._bind(obj)
 
 
-class StreamOperation(Operation[P, T]):
+class StreamOperation(Method[P, T]):
     """A method whose answer comes item by item: an iterator on a `Client`, an async iterator on an
     `AsyncClient` (lists, fetched page by page; a growing chat answer)."""
 
@@ -254,10 +262,10 @@ class StreamOperation(Operation[P, T]):
     @overload
     def __get__(self, obj: Resource[Async], owner: type) -> Callable[P, AsyncIterator[T]]: ...
     def __get__(self, obj, owner):
-        return super().__get__(obj, owner)
+        return self if obj is None else self._bind(obj)
 
 
-OPERATIONS: list[Operation] = []
+OPERATIONS: list[Method] = []
 
 
 def operation(
@@ -268,8 +276,8 @@ def operation(
 
 def streaming(
     endpoint: Endpoint, *, local: tuple[str, ...] = (), fixes: tuple[str, ...] = ()
-) -> Callable[[Callable[Concatenate[Any, P], Plan[Any]]], StreamOperation[P, T]]:
-    """A method emitting items of type T (its plan yields `Emit`s)."""
+) -> Callable[[Callable[Concatenate[Any, P], Stream[T]]], StreamOperation[P, T]]:
+    """A method emitting items of type T (its plan yields `Emit[T]`s)."""
     return lambda fn: StreamOperation(fn, endpoint, local, fixes)
 
 

@@ -41,7 +41,7 @@ def emit(value: Any) -> None:
 
 
 def _api_json(value: Any) -> Any:
-    if is_dataclass(value):
+    if is_dataclass(value) and not isinstance(value, type):
         value = asdict(value)
     if isinstance(value, dict):
         return {camel(k): _api_json(v) for k, v in value.items()}
@@ -143,17 +143,21 @@ def desktops_create(
 ) -> None:
     """Create a desktop (or --count of them) and wait until it runs."""
     with client() as api, Waiting(quiet=as_json or not wait) as waiting:
-        options = {
-            "plan": plan,
-            "image_profile": image,
-            "labels": label,
-            "wait": wait,
-            "on_progress": waiting,
-        }
         if count:
-            desktops = api.desktops.bulk_create(name_prefix=name, count=count, **options)
+            desktops = api.desktops.bulk_create(
+                name_prefix=name,
+                count=count,
+                plan=plan,
+                image_profile=image,
+                labels=label,
+                wait=wait,
+                on_progress=waiting,
+            )
         else:
-            desktops = [api.desktops.create(name, **options)]
+            made = api.desktops.create(
+                name, plan=plan, image_profile=image, labels=label, wait=wait, on_progress=waiting
+            )
+            desktops = [made]
     show_desktops(desktops, as_json)
 
 
@@ -262,10 +266,10 @@ def chat(
     with client() as api:
         target = desktop_id(api, desktop)
         if not follow:
-            reply = api.chat.send(target, message)
-            emit(reply) if as_json else out.print(f"Sent; the answer will be {reply.id} ({reply.status}).")
+            queued = api.chat.send(target, message)
+            emit(queued) if as_json else out.print(f"Sent; the answer will be {queued.id} ({queued.status}).")
             return
-        reply = None
+        reply: models.ChatMessage | None = None
         for piece in api.chat.stream(target, message, timeout=timeout):
             reply = piece.message
             if not as_json:
@@ -275,7 +279,7 @@ def chat(
         emit(reply)
     else:
         sys.stdout.write("\n")
-    if reply.status == "error":
+    if reply is None or reply.status == "error":
         raise typer.Exit(1)
 
 

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from lebureau_sdk import resources as r
-from lebureau_sdk._core import Async, AsyncRunner, Settings, Sync, SyncRunner
+from lebureau_sdk._core import Async, AsyncRunner, Runner, Settings, Sync, SyncRunner
 from lebureau_sdk.config import resolve
 
 
 class _Resources:
-    def _attach(self, runner) -> None:
+    desktops: r.Desktops[Any]
+    chat: r.Chat[Any]
+    schedules: r.Schedules[Any]
+    workspaces: r.Workspaces[Any]
+    invitations: r.Invitations[Any]
+    keys: r.Keys[Any]
+    llm_keys: r.LLMKeys[Any]
+    plans: r.Plans[Any]
+    tiers: r.Tiers[Any]
+    audit: r.Audit[Any]
+
+    def _attach(self, runner: Runner) -> None:
         self.desktops = r.Desktops(runner)
         self.chat = r.Chat(runner)
         self.schedules = r.Schedules(runner)

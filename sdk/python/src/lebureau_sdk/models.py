@@ -10,10 +10,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-model = dataclass(frozen=True, slots=True)
 
-
-@model
+@dataclass(frozen=True, slots=True)
 class Plan:
     id: str
     name: str
@@ -25,7 +23,7 @@ class Plan:
     storage_price: Decimal
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Desktop:
     id: str
     name: str
@@ -45,7 +43,7 @@ class Desktop:
     state_changed_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class DesktopEvent:
     id: str
     from_state: str
@@ -55,12 +53,12 @@ class DesktopEvent:
     created_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class BulkCreated:
     desktops: list[Desktop]
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class BulkOutcome:
     desktop_id: str
     ok: bool
@@ -70,20 +68,20 @@ class BulkOutcome:
     message: str
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class BulkResult:
     done: int
     refused: int
     results: list[BulkOutcome]
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class LabelCount:
     name: str
     desktops: int
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ExecResult:
     exit_code: int | None
     stdout: str
@@ -94,7 +92,7 @@ class ExecResult:
     duration_ms: int
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     id: str
     author: str
@@ -112,7 +110,7 @@ class ChatMessage:
         return self.status in ("done", "error")
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ChatPiece:
     """What a streamed answer adds (`text`), with the answer as it stands (`message`)."""
 
@@ -120,7 +118,7 @@ class ChatPiece:
     message: ChatMessage
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class RelaySession:
     mode: str
     expires_at: datetime
@@ -130,7 +128,7 @@ class RelaySession:
     terminal_ticket: str
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ScheduleRun:
     id: str
     due_at: datetime
@@ -141,7 +139,7 @@ class ScheduleRun:
     updated_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Schedule:
     id: str
     desktop_id: str
@@ -157,7 +155,7 @@ class Schedule:
     last_run: ScheduleRun | None
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Workspace:
     id: str
     name: str
@@ -166,7 +164,7 @@ class Workspace:
     created_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Membership:
     id: str
     email: str
@@ -174,7 +172,7 @@ class Membership:
     created_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Invitation:
     id: str
     workspace_id: str
@@ -185,7 +183,7 @@ class Invitation:
     created_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     id: str
     workspace_id: str
@@ -198,12 +196,12 @@ class ApiKey:
     created_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ApiKeyCreated(ApiKey):
     key: str
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class LLMKey:
     id: str
     workspace_id: str
@@ -216,7 +214,7 @@ class LLMKey:
     updated_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class AuditEvent:
     id: str
     at: datetime
@@ -229,7 +227,7 @@ class AuditEvent:
     detail: dict[str, Any]
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class AgentUsage:
     input_tokens: int
     output_tokens: int
@@ -237,19 +235,19 @@ class AgentUsage:
     turns: int
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class DesktopUsage(AgentUsage):
     desktop_id: str
     name: str
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class WorkspaceUsage:
     total: AgentUsage
     desktops: list[DesktopUsage]
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Tier:
     name: str
     monthly_fee: Decimal
@@ -260,21 +258,21 @@ class Tier:
     monthly_spend_cap: Decimal | None
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Quota:
     used: int
     limit: int
     percent: int | None
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class SpendQuota:
     used: Decimal
     limit: Decimal | None
     percent: int | None
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class QuotaUsage:
     tier: Tier
     desktops: Quota
@@ -283,7 +281,7 @@ class QuotaUsage:
     spend: SpendQuota
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Usage:
     running_hours: Decimal
     suspended_hours: Decimal
@@ -293,7 +291,7 @@ class Usage:
     output_tokens: int
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class Cost:
     compute: Decimal
     storage: Decimal
@@ -301,7 +299,7 @@ class Cost:
     total: Decimal
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class DayCosts:
     day: date
     running_desktops: int
@@ -309,14 +307,14 @@ class DayCosts:
     cost: Cost
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class DesktopDayCosts:
     day: date
     usage: Usage
     cost: Cost
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class DesktopCosts:
     desktop_id: str
     name: str
@@ -326,12 +324,12 @@ class DesktopCosts:
     cost: Cost
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class DesktopMonthCosts(DesktopCosts):
     days: list[DesktopDayCosts]
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class SpendAlert:
     threshold: int
     spend: Decimal
@@ -339,7 +337,7 @@ class SpendAlert:
     created_at: datetime
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class MonthCosts:
     workspace_id: str
     month: str
@@ -360,7 +358,7 @@ class MonthCosts:
     alerts: list[SpendAlert]
 
 
-@model
+@dataclass(frozen=True, slots=True)
 class ModelPrice:
     id: str
     model: str

@@ -6,13 +6,14 @@ Adding an endpoint of the API is: declare its `Endpoint`, add a method that call
 
 from __future__ import annotations
 
+import builtins
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 
 from lebureau_sdk import models as m
-from lebureau_sdk._core import Emit, Endpoint, M, Plan, Resource, Sleep, operation, pages, streaming
+from lebureau_sdk._core import Emit, Endpoint, M, Plan, Resource, Sleep, Stream, operation, pages, streaming
 from lebureau_sdk.errors import WaitTimeout
 
 STEADY = ("running", "stopped", "suspended", "destroyed", "error")
@@ -61,13 +62,11 @@ class Desktops(Resource[M]):
         *,
         workspace_id: str | None = None,
         state: str | None = None,
-        labels: list[str] | None = None,
+        labels: Sequence[str] | None = None,
         name: str | None = None,
-    ) -> Plan[m.Desktop]:
+    ) -> Stream[m.Desktop]:
         """Every desktop you see (destroyed ones only when asked by state); `labels`: having all of them."""
-        return (
-            yield from pages(DESKTOPS.call(workspace_id=workspace_id, state=state, labels=labels, name=name))
-        )
+        yield from pages(DESKTOPS.call(workspace_id=workspace_id, state=state, labels=labels, name=name))
 
     @operation(DESKTOP)
     def get(self, desktop_id: str) -> Plan[m.Desktop]:
@@ -94,7 +93,7 @@ class Desktops(Resource[M]):
         workspace_id: str | None = None,
         plan: str | None = None,
         image_profile: str | None = None,
-        labels: list[str] | None = None,
+        labels: Sequence[str] | None = None,
         wait: bool = False,
         timeout: float = 900,
         on_progress: Progress | None = None,
@@ -176,9 +175,9 @@ class Desktops(Resource[M]):
         return (yield from self._step(desktop_id, "destroy", wait, timeout, on_progress))
 
     @streaming(DESKTOP_EVENTS)
-    def events(self, desktop_id: str) -> Plan[m.DesktopEvent]:
+    def events(self, desktop_id: str) -> Stream[m.DesktopEvent]:
         """Every state change of the desktop, oldest first, with who or what caused it."""
-        return (yield from pages(DESKTOP_EVENTS.call(desktop_id=desktop_id)))
+        yield from pages(DESKTOP_EVENTS.call(desktop_id=desktop_id))
 
     @operation(DESKTOP_USAGE)
     def usage(self, desktop_id: str) -> Plan[m.AgentUsage]:
@@ -196,7 +195,7 @@ class Desktops(Resource[M]):
 
     @operation(DESKTOP_LABELS)
     def label(
-        self, desktop_id: str, *, add: list[str] | None = None, remove: list[str] | None = None
+        self, desktop_id: str, *, add: Sequence[str] | None = None, remove: Sequence[str] | None = None
     ) -> Plan[m.Desktop]:
         return (yield DESKTOP_LABELS.call(desktop_id=desktop_id, add=add, remove=remove))
 
@@ -206,7 +205,7 @@ class Desktops(Resource[M]):
         desktop_id: str,
         command: str | None = None,
         *,
-        argv: list[str] | None = None,
+        argv: Sequence[str] | None = None,
         timeout: int = 60,
         stdin: str | None = None,
     ) -> Plan[m.ExecResult]:
@@ -221,17 +220,17 @@ class Desktops(Resource[M]):
     def bulk_create(
         self,
         *,
-        names: list[str] | None = None,
+        names: Sequence[str] | None = None,
         name_prefix: str | None = None,
         count: int | None = None,
         workspace_id: str | None = None,
         plan: str | None = None,
         image_profile: str | None = None,
-        labels: list[str] | None = None,
+        labels: Sequence[str] | None = None,
         wait: bool = False,
         timeout: float = 1800,
         on_progress: Progress | None = None,
-    ) -> Plan[list[m.Desktop]]:
+    ) -> Plan[builtins.list[m.Desktop]]:
         """Many desktops, all or none (a quota counts the whole batch): `names`, or `name_prefix` and
         `count` (numbered on from the highest in use); with `wait`, once each is running or in error."""
         made = yield BULK_CREATE.call(
@@ -258,8 +257,8 @@ class Desktops(Resource[M]):
         step: str,
         *,
         workspace_id: str | None = None,
-        ids: list[str] | None = None,
-        labels: list[str] | None = None,
+        ids: Sequence[str] | None = None,
+        labels: Sequence[str] | None = None,
         state: str | None = None,
         all_: bool | None = None,
     ) -> Plan[m.BulkResult]:
@@ -275,11 +274,11 @@ class Desktops(Resource[M]):
     def bulk_label(
         self,
         *,
-        add: list[str] | None = None,
-        remove: list[str] | None = None,
+        add: Sequence[str] | None = None,
+        remove: Sequence[str] | None = None,
         workspace_id: str | None = None,
-        ids: list[str] | None = None,
-        labels: list[str] | None = None,
+        ids: Sequence[str] | None = None,
+        labels: Sequence[str] | None = None,
         state: str | None = None,
         all_: bool | None = None,
     ) -> Plan[m.BulkResult]:
@@ -326,8 +325,8 @@ class Chat(Resource[M]):
     """
 
     @streaming(CHAT)
-    def list(self, desktop_id: str) -> Plan[m.ChatMessage]:
-        return (yield from pages(CHAT.call(desktop_id=desktop_id)))
+    def list(self, desktop_id: str) -> Stream[m.ChatMessage]:
+        yield from pages(CHAT.call(desktop_id=desktop_id))
 
     @operation(CHAT_SEND)
     def send(self, desktop_id: str, message: str) -> Plan[m.ChatMessage]:
@@ -341,17 +340,17 @@ class Chat(Resource[M]):
     @streaming(CHAT_MESSAGE, local=("interval", "timeout"))
     def follow(
         self, desktop_id: str, message_id: str, *, interval: float = 0.5, timeout: float = 3600
-    ) -> Plan[m.ChatPiece]:
+    ) -> Stream[m.ChatPiece]:
         """Emit an answer's pieces as they come, until it is done or in error."""
-        return (yield from _follow(desktop_id, message_id, interval, timeout))
+        yield from _follow(desktop_id, message_id, interval, timeout)
 
     @streaming(CHAT_SEND, local=("interval", "timeout"))
     def stream(
         self, desktop_id: str, message: str, *, interval: float = 0.5, timeout: float = 3600
-    ) -> Plan[m.ChatPiece]:
+    ) -> Stream[m.ChatPiece]:
         """Send a message and emit the answer's pieces as they come."""
         reply = yield CHAT_SEND.call(desktop_id=desktop_id, message=message)
-        return (yield from _follow(desktop_id, reply.id, interval, timeout))
+        yield from _follow(desktop_id, reply.id, interval, timeout)
 
     @operation(CHAT_SEND, local=("interval", "timeout"))
     def ask(
@@ -368,7 +367,7 @@ class Chat(Resource[M]):
         return reply
 
 
-def _follow(desktop_id: str, message_id: str, interval: float, timeout: float) -> Plan[None]:
+def _follow(desktop_id: str, message_id: str, interval: float, timeout: float) -> Stream[m.ChatPiece]:
     deadline, shown = time.monotonic() + timeout, ""
     while True:
         reply = yield CHAT_MESSAGE.call(desktop_id=desktop_id, message_id=message_id)
@@ -408,8 +407,8 @@ class Schedules(Resource[M]):
     if need be, and stopped after the answer with `stop_after`."""
 
     @streaming(SCHEDULES)
-    def list(self, desktop_id: str) -> Plan[m.Schedule]:
-        return (yield from pages(SCHEDULES.call(desktop_id=desktop_id)))
+    def list(self, desktop_id: str) -> Stream[m.Schedule]:
+        yield from pages(SCHEDULES.call(desktop_id=desktop_id))
 
     @operation(SCHEDULE_CREATE)
     def create(
@@ -464,9 +463,9 @@ class Schedules(Resource[M]):
         return (yield SCHEDULE_DELETE.call(schedule_id=schedule_id))
 
     @streaming(SCHEDULE_RUNS)
-    def runs(self, schedule_id: str) -> Plan[m.ScheduleRun]:
+    def runs(self, schedule_id: str) -> Stream[m.ScheduleRun]:
         """The times it came due, newest first."""
-        return (yield from pages(SCHEDULE_RUNS.call(schedule_id=schedule_id)))
+        yield from pages(SCHEDULE_RUNS.call(schedule_id=schedule_id))
 
 
 # Workspaces, their members, usage and costs
@@ -504,8 +503,8 @@ MODEL_PRICE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}/model-pr
 
 class Workspaces(Resource[M]):
     @streaming(WORKSPACES)
-    def list(self) -> Plan[m.Workspace]:
-        return (yield from pages(WORKSPACES.call()))
+    def list(self) -> Stream[m.Workspace]:
+        yield from pages(WORKSPACES.call())
 
     @operation(WORKSPACE_CREATE)
     def create(self, name: str) -> Plan[m.Workspace]:
@@ -549,13 +548,13 @@ class Workspaces(Resource[M]):
         return (yield WORKSPACE_QUOTA.call(workspace_id=workspace_id))
 
     @streaming(WORKSPACE_LABELS)
-    def labels(self, workspace_id: str) -> Plan[m.LabelCount]:
+    def labels(self, workspace_id: str) -> Stream[m.LabelCount]:
         """The labels on the workspace's desktops, with how many desktops have each."""
-        return (yield from pages(WORKSPACE_LABELS.call(workspace_id=workspace_id)))
+        yield from pages(WORKSPACE_LABELS.call(workspace_id=workspace_id))
 
     @streaming(MEMBERS)
-    def members(self, workspace_id: str) -> Plan[m.Membership]:
-        return (yield from pages(MEMBERS.call(workspace_id=workspace_id)))
+    def members(self, workspace_id: str) -> Stream[m.Membership]:
+        yield from pages(MEMBERS.call(workspace_id=workspace_id))
 
     @operation(MEMBER_UPDATE)
     def set_role(self, workspace_id: str, membership_id: str, role: str) -> Plan[m.Membership]:
@@ -566,8 +565,8 @@ class Workspaces(Resource[M]):
         return (yield MEMBER_REMOVE.call(workspace_id=workspace_id, membership_id=membership_id))
 
     @streaming(WORKSPACE_INVITATIONS)
-    def invitations(self, workspace_id: str) -> Plan[m.Invitation]:
-        return (yield from pages(WORKSPACE_INVITATIONS.call(workspace_id=workspace_id)))
+    def invitations(self, workspace_id: str) -> Stream[m.Invitation]:
+        yield from pages(WORKSPACE_INVITATIONS.call(workspace_id=workspace_id))
 
     @operation(INVITE)
     def invite(self, workspace_id: str, email: str, *, role: str | None = None) -> Plan[m.Invitation]:
@@ -578,8 +577,8 @@ class Workspaces(Resource[M]):
         return (yield INVITATION_WITHDRAW.call(workspace_id=workspace_id, invitation_id=invitation_id))
 
     @streaming(MODEL_PRICES)
-    def model_prices(self, workspace_id: str) -> Plan[m.ModelPrice]:
-        return (yield from pages(MODEL_PRICES.call(workspace_id=workspace_id)))
+    def model_prices(self, workspace_id: str) -> Stream[m.ModelPrice]:
+        yield from pages(MODEL_PRICES.call(workspace_id=workspace_id))
 
     @operation(MODEL_PRICE_SET)
     def set_model_price(
@@ -609,8 +608,8 @@ class Invitations(Resource[M]):
     """Invitations to your confirmed addresses (signed-in people only, not API keys)."""
 
     @streaming(INVITATIONS)
-    def list(self) -> Plan[m.Invitation]:
-        return (yield from pages(INVITATIONS.call()))
+    def list(self) -> Stream[m.Invitation]:
+        yield from pages(INVITATIONS.call())
 
     @operation(INVITATION_ACCEPT)
     def accept(self, invitation_id: str) -> Plan[m.Membership]:
@@ -634,8 +633,8 @@ class Keys(Resource[M]):
     """Platform API keys (`lb_…`), which admins manage."""
 
     @streaming(KEYS)
-    def list(self, *, workspace_id: str | None = None) -> Plan[m.ApiKey]:
-        return (yield from pages(KEYS.call(workspace_id=workspace_id)))
+    def list(self, *, workspace_id: str | None = None) -> Stream[m.ApiKey]:
+        yield from pages(KEYS.call(workspace_id=workspace_id))
 
     @operation(KEY_CREATE)
     def create(
@@ -668,8 +667,8 @@ class LLMKeys(Resource[M]):
     """The workspace's own model provider keys (BYOK), which its desktops' agents use."""
 
     @streaming(LLM_KEYS)
-    def list(self, *, workspace_id: str | None = None) -> Plan[m.LLMKey]:
-        return (yield from pages(LLM_KEYS.call(workspace_id=workspace_id)))
+    def list(self, *, workspace_id: str | None = None) -> Stream[m.LLMKey]:
+        yield from pages(LLM_KEYS.call(workspace_id=workspace_id))
 
     @operation(LLM_KEY)
     def get(self, key_id: str) -> Plan[m.LLMKey]:
@@ -741,8 +740,8 @@ AUDIT = Endpoint(
 
 class Plans(Resource[M]):
     @streaming(PLANS)
-    def list(self) -> Plan[m.Plan]:
-        return (yield from pages(PLANS.call()))
+    def list(self) -> Stream[m.Plan]:
+        yield from pages(PLANS.call())
 
     @operation(PLAN)
     def get(self, plan_id: str) -> Plan[m.Plan]:
@@ -751,8 +750,8 @@ class Plans(Resource[M]):
 
 class Tiers(Resource[M]):
     @streaming(TIERS)
-    def list(self) -> Plan[m.Tier]:
-        return (yield from pages(TIERS.call()))
+    def list(self) -> Stream[m.Tier]:
+        yield from pages(TIERS.call())
 
 
 class Audit(Resource[M]):
@@ -766,9 +765,9 @@ class Audit(Resource[M]):
         target: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-    ) -> Plan[m.AuditEvent]:
+    ) -> Stream[m.AuditEvent]:
         """What people did in the workspace, newest first (admins); `action` matches a prefix."""
         call = AUDIT.call(
             workspace_id=workspace_id, actor=actor, action=action, target=target, since=since, until=until
         )
-        return (yield from pages(call))
+        yield from pages(call)
