@@ -238,7 +238,7 @@ class DesktopViewSet(ApiViewSet):
         responses={
             201: s.BulkCreatedSerializer,
             409: OpenApiResponse(
-                description="Past a quota (code quota_exceeded; none made), or a name taken (none made)"
+                description=_("Past a quota of the workspace's tier (code quota_exceeded): none made")
             ),
         },
     )
@@ -310,8 +310,8 @@ class DesktopViewSet(ApiViewSet):
         request=s.ExecSerializer,
         responses={
             200: s.ExecResultSerializer,
-            409: OpenApiResponse(description="The desktop is not running"),
-            503: OpenApiResponse(description="The desktop's shell is not answering (try again)"),
+            409: OpenApiResponse(description=_("The desktop is not running")),
+            503: OpenApiResponse(description=_("The desktop's shell is not answering (try again)")),
         },
     )
     @action(detail=True, methods=["post"], url_path="exec")
