@@ -19,28 +19,42 @@ from desktops.models import Desktop, Plan, Workspace
 STARTS = {"start", "resume"}
 
 
-def quota_check_create(*, workspace: Workspace, plan: Plan) -> None:
-    """Refuse a new desktop of `plan` past the tier's quotas; call inside the creating transaction."""
+def quota_check_create(*, workspace: Workspace, plan: Plan, count: int = 1) -> None:
+    """Refuse `count` new desktops of `plan` past the tier's quotas, all of them or none; call inside the
+    creating transaction."""
     usage = _locked(workspace.id)
     tier, desktops, disk = usage.tier.name, usage.desktops, usage.disk_gib
-    if desktops.used >= desktops.limit:
-        raise QuotaExceeded(
-            ngettext(
-                "%(used)d of %(limit)d desktop on the %(tier)s tier: destroy one to make another.",
-                "%(used)d of %(limit)d desktops on the %(tier)s tier: destroy one to make another.",
-                desktops.limit,
+    if desktops.used + count > desktops.limit:
+        words = {"used": desktops.used, "limit": desktops.limit, "tier": tier, "count": count}
+        if count == 1:
+            raise QuotaExceeded(
+                ngettext(
+                    "%(used)d of %(limit)d desktop on the %(tier)s tier: destroy one to make another.",
+                    "%(used)d of %(limit)d desktops on the %(tier)s tier: destroy one to make another.",
+                    desktops.limit,
+                )
+                % words
             )
-            % {"used": desktops.used, "limit": desktops.limit, "tier": tier}
-        )
-    if disk.used + plan.disk_gib > disk.limit:
         raise QuotaExceeded(
             _(
-                "%(used)d of %(limit)d GiB of disk on the %(tier)s tier: "
-                "a %(plan)s desktop needs %(needed)d GiB more."
+                "%(used)d of %(limit)d desktops on the %(tier)s tier: %(count)d more would go past it; "
+                "none made."
             )
-            % {"used": disk.used, "limit": disk.limit, "tier": tier, "plan": plan, "needed": plan.disk_gib}
+            % words
         )
-    _check_running_and_spend(usage)
+    if disk.used + count * plan.disk_gib > disk.limit:
+        words = {"used": disk.used, "limit": disk.limit, "tier": tier, "plan": plan, "count": count}
+        raise QuotaExceeded(
+            ngettext(
+                "%(used)d of %(limit)d GiB of disk on the %(tier)s tier: "
+                "a %(plan)s desktop needs %(needed)d GiB more.",
+                "%(used)d of %(limit)d GiB of disk on the %(tier)s tier: "
+                "%(count)d %(plan)s desktops need %(needed)d GiB more; none made.",
+                count,
+            )
+            % {**words, "needed": count * plan.disk_gib}
+        )
+    _check_running_and_spend(usage, count)
 
 
 def quota_check_action(*, desktop: Desktop, action: str) -> None:
@@ -54,16 +68,26 @@ def _locked(workspace_id: str, exclude: str = "") -> QuotaUsage:
     return quota_usage(workspace=workspace, exclude=exclude)
 
 
-def _check_running_and_spend(usage: QuotaUsage) -> None:
+def _check_running_and_spend(usage: QuotaUsage, count: int = 1) -> None:
     tier, running, spend = usage.tier.name, usage.running, usage.spend
-    if running.used >= running.limit:
-        raise QuotaExceeded(
-            ngettext(
-                "%(used)d of %(limit)d running desktop on the %(tier)s tier: stop or suspend one first.",
-                "%(used)d of %(limit)d running desktops on the %(tier)s tier: stop or suspend one first.",
-                running.limit,
+    if running.used + count > running.limit:
+        words = {"used": running.used, "limit": running.limit, "tier": tier, "count": count}
+        if count == 1:
+            raise QuotaExceeded(
+                ngettext(
+                    "%(used)d of %(limit)d running desktop on the %(tier)s tier: stop or suspend one first.",
+                    "%(used)d of %(limit)d running desktops on the %(tier)s tier: stop or suspend one first.",
+                    running.limit,
+                )
+                % words
             )
-            % {"used": running.used, "limit": running.limit, "tier": tier}
+        # New desktops run as soon as they are made.
+        raise QuotaExceeded(
+            _(
+                "%(used)d of %(limit)d running desktops on the %(tier)s tier: %(count)d new ones would "
+                "go past it; none made."
+            )
+            % words
         )
     if spend.limit is not None and spend.used >= spend.limit:
         raise QuotaExceeded(

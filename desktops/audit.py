@@ -22,6 +22,8 @@ class Actor:
     def label(self) -> str:
         if self.api_key is not None:
             return f"key:{self.api_key.id} ({self.user.email})"
+        if self.user is not None and self.system:  # on a person's behalf, e.g. their schedule
+            return f"{self.system} ({self.user.email})"
         if self.user is not None and self.support:
             return f"support:{self.user.email or self.user.get_username()}"
         if self.user is not None:

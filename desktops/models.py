@@ -2,6 +2,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
 
 from desktops.ids import PublicIdField
 
@@ -358,3 +359,76 @@ class ChatChunk(models.Model):
 
     def __str__(self):
         return f"{len(self.text)} characters of {self.message_id}"
+
+
+label_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9._=:/-]{0,61}[a-z0-9])?$",
+    _("Use 1 to 63 lowercase letters, digits or . _ = : / -, starting and ending with a letter or digit."),
+)
+
+
+class DesktopLabel(models.Model):
+    """A name a desktop is filed under (`ci`, `team-a`, `env=prod`), to find and act on a fleet by it."""
+
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="labels")
+    name = models.CharField(max_length=63, validators=[label_validator])
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["desktop", "name"], name="one_label_per_desktop")]
+        indexes = [models.Index(fields=["name"])]
+
+    def __str__(self):
+        return f"{self.desktop_id}: {self.name}"
+
+
+class Schedule(models.Model):
+    """A message sent to a desktop's agent on a cron schedule, as the person who made the schedule."""
+
+    id = PublicIdField("sch")
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="schedules")
+    cron = models.CharField(max_length=100, help_text="Five fields: minute hour day month weekday")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="The cron expression's time zone")
+    message = models.TextField()
+    # Stop the desktop once the agent has answered (it is started first if stopped, whatever this says).
+    stop_after = models.BooleanField(default=False)
+    enabled = models.BooleanField(default=True)
+    # Claimed by beat with a conditional UPDATE to the run after now: missed runs make one run, not many.
+    next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self):
+        return f"{self.cron} on {self.desktop_id}"
+
+
+class ScheduleRun(models.Model):
+    """One time a schedule came due: the desktop started if need be, the message sent, the answer awaited."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        STARTING = "starting", "Starting the desktop"
+        SENT = "sent", "Sent, awaiting the answer"
+        DONE = "done"
+        FAILED = "failed"
+
+    id = PublicIdField("run")
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
+    due_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    reply = models.ForeignKey(
+        ChatMessage, null=True, blank=True, on_delete=models.SET_NULL, related_name="schedule_runs"
+    )
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.schedule_id} due {self.due_at:%Y-%m-%d %H:%M}: {self.status}"

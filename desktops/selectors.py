@@ -6,7 +6,7 @@ from datetime import datetime
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Count, F, QuerySet
 from django.utils.translation import gettext as _
 
 from desktops.audit import Actor
@@ -18,12 +18,15 @@ from desktops.models import (
     ChatMessage,
     Desktop,
     DesktopEvent,
+    DesktopLabel,
     DesktopState,
     Invitation,
     LLMKey,
     Membership,
     Plan,
     Role,
+    Schedule,
+    ScheduleRun,
     Workspace,
 )
 
@@ -119,11 +122,21 @@ def plan_get(*, plan: str | None) -> Plan:
 
 
 def desktop_list(
-    *, actor: Actor, workspace_id: str | None = None, state: str | None = None
+    *,
+    actor: Actor,
+    workspace_id: str | None = None,
+    state: str | None = None,
+    labels: list[str] | None = None,
+    name: str | None = None,
 ) -> QuerySet[Desktop]:
-    desktops = Desktop.objects.filter(workspace__in=workspaces_visible(actor=actor)).select_related("plan")
+    desktops = Desktop.objects.filter(workspace__in=workspaces_visible(actor=actor))
+    desktops = desktops.select_related("plan").prefetch_related("labels")
     if workspace_id:
         desktops = desktops.filter(workspace_id=workspace_id)
+    for label in labels or ():  # every one of them
+        desktops = desktops.filter(labels__name=label)
+    if name:
+        desktops = desktops.filter(name=name)
     # Destroyed desktops are history: shown only when asked for by state.
     return desktops.filter(state=state) if state else desktops.exclude(state=DesktopState.DESTROYED)
 
@@ -138,7 +151,7 @@ def _scoped_get(queryset: QuerySet, object_id: str, *, actor: Actor, minimum: Ro
 
 
 def desktop_get(*, actor: Actor, desktop_id: str, minimum: Role = Role.VIEWER) -> Desktop:
-    queryset = Desktop.objects.select_related("plan", "workspace")
+    queryset = Desktop.objects.select_related("plan", "workspace").prefetch_related("labels")
     return _scoped_get(queryset, desktop_id, actor=actor, minimum=minimum, label="Desktop")
 
 
@@ -201,6 +214,14 @@ def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:
     return desktop.messages.order_by("created_at").prefetch_related("chunks")
 
 
+def chat_message_get(*, desktop: Desktop, message_id: str) -> ChatMessage:
+    """One message of the desktop's conversation: what a client polls while an answer grows."""
+    message = chat_list(desktop=desktop).filter(id=message_id).first()
+    if message is None:
+        raise NotFound(_("Message %(id)s not found.") % {"id": message_id})
+    return message
+
+
 def chat_content(message: ChatMessage) -> str:
     """A message's text: whole once its turn has ended, its pieces so far while it streams in."""
     return message.content + "".join(chunk.text for chunk in message.chunks.all())
@@ -223,3 +244,31 @@ def desktop_ids_running(*, workspace_id: str) -> list[str]:
             "id", flat=True
         )
     )
+
+
+def label_list(*, workspace: Workspace) -> QuerySet[DesktopLabel]:
+    """The labels in use on the workspace's live desktops, each with how many desktops have it."""
+    labels = DesktopLabel.objects.filter(desktop__workspace=workspace)
+    labels = labels.exclude(desktop__state=DesktopState.DESTROYED)
+    return labels.values("name").annotate(desktops=Count("desktop_id")).order_by("name")
+
+
+def schedule_list(*, desktop: Desktop) -> QuerySet[Schedule]:
+    return desktop.schedules.select_related("created_by").order_by("created_at")
+
+
+def schedule_get(*, actor: Actor, schedule_id: str) -> Schedule:
+    """A schedule, seen by whoever sees its desktop."""
+    schedules = Schedule.objects.select_related("desktop__workspace", "created_by")
+    schedules = schedules.annotate(workspace_id=F("desktop__workspace_id"))
+    return _scoped_get(schedules, schedule_id, actor=actor, minimum=Role.VIEWER, label=_("Schedule"))
+
+
+def schedule_last_runs(*, schedule_ids: list[str]) -> dict[str, ScheduleRun]:
+    """Each schedule's latest run, by schedule."""
+    runs = ScheduleRun.objects.filter(schedule_id__in=schedule_ids).order_by("schedule_id", "-created_at")
+    return {run.schedule_id: run for run in runs.distinct("schedule_id")}
+
+
+def schedule_runs(*, schedule: Schedule) -> QuerySet[ScheduleRun]:
+    return schedule.runs.order_by("-created_at")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.conf import settings
@@ -19,12 +20,14 @@ from desktops.audit import Actor, audit_record
 from desktops.engines import engine_for_new_desktops
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
+from desktops.labels import labels_checked
 from desktops.lifecycle import TRANSITIONS, transition
 from desktops.models import (
     DEFAULT_AGENT_COMMAND,
     ApiKey,
     ChatMessage,
     Desktop,
+    DesktopLabel,
     DesktopState,
     Invitation,
     LLMKey,
@@ -294,9 +297,16 @@ def _membership_of(workspace: Workspace, membership_id: str) -> Membership:
 
 
 def desktop_create(
-    *, actor: Actor, workspace: Workspace, plan: Plan, name: str, image_profile: str = ""
+    *,
+    actor: Actor,
+    workspace: Workspace,
+    plan: Plan,
+    name: str,
+    image_profile: str = "",
+    labels: Sequence[str] = (),
 ) -> Desktop:
     workspace_get(actor=actor, workspace_id=workspace.id, minimum=Role.MEMBER)
+    labels = labels_checked(labels)
     desktop = Desktop(
         workspace=workspace,
         plan=plan,
@@ -310,6 +320,7 @@ def desktop_create(
         with transaction.atomic():
             quota_check_create(workspace=workspace, plan=plan)
             desktop.save()
+            desktop.labels.bulk_create([DesktopLabel(desktop=desktop, name=label) for label in labels])
             desktop.events.create(to_state=desktop.state, actor=actor.label, reason="created")
             audit_record(
                 actor=actor,
@@ -317,6 +328,7 @@ def desktop_create(
                 workspace_id=workspace.id,
                 target=desktop.id,
                 plan=plan.name,
+                **({"labels": labels} if labels else {}),
             )
             enqueue_step(desktop_id=desktop.id, action="provision")
     except IntegrityError as exc:

@@ -7,6 +7,7 @@ with the variable's name instead of running half-configured.
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from environs import Env, validate
 
@@ -291,6 +292,13 @@ CELERY_BEAT_SCHEDULE["billing-meter"] = {
     "task": "workers.tasks.billing_meter",
     "schedule": BILLING_METER_INTERVAL,
     "options": {"expires": BILLING_METER_INTERVAL},
+}
+
+# Scheduled messages: beat claims the due ones at the start of every minute (desktops/schedules.py).
+CELERY_BEAT_SCHEDULE["schedules"] = {
+    "task": "workers.tasks.schedules_run",
+    "schedule": crontab(),
+    "options": {"expires": 60},
 }
 
 LOGGING = {

@@ -9,6 +9,8 @@ from desktops.models import ApiScope, DesktopState, LLMProvider, Role
 from desktops.selectors import plan_list
 
 ACTIONS = [("start", "Start"), ("stop", "Stop"), ("destroy", "Destroy")]
+# Filing the selected desktops under a label, or taking them out of it.
+LABEL_ACTIONS = [("label", _lazy("Add label")), ("unlabel", _lazy("Remove label"))]
 
 
 class PlanChoice(forms.ModelChoiceField):
@@ -38,10 +40,12 @@ class NewComputerForm(forms.Form):
 class DesktopFilterForm(forms.Form):
     state = forms.ChoiceField(choices=[("", "Any state"), *DesktopState.choices], required=False)
     q = forms.CharField(required=False, label="Name")
+    label = forms.CharField(required=False, label=_lazy("Label"))
 
 
 class FleetActionForm(forms.Form):
-    action = forms.ChoiceField(choices=ACTIONS)
+    action = forms.ChoiceField(choices=ACTIONS + LABEL_ACTIONS)
+    label = forms.CharField(required=False, max_length=63)
     desktops = forms.MultipleChoiceField(
         choices=[], error_messages={"required": "Select at least one desktop."}
     )
@@ -51,11 +55,16 @@ class FleetActionForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["desktops"].choices = [(i, i) for i in desktop_ids]
 
+    def clean_label(self):
+        return self.cleaned_data["label"].strip().lower()
+
     def clean(self):
         data = super().clean()
         selected = len(data.get("desktops", []))
         if data.get("action") == "destroy" and data.get("confirm") != selected:
             raise forms.ValidationError(f"To destroy, type the number of selected desktops ({selected}).")
+        if data.get("action") in dict(LABEL_ACTIONS) and not data.get("label", "").strip():
+            raise forms.ValidationError(_("Type the label to add or remove."))
         return data
 
 
@@ -118,3 +127,14 @@ class AuditFilterForm(forms.Form):
     target = forms.CharField(required=False, label="Desktop or object id")
     since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+
+class ScheduleForm(forms.Form):
+    cron = forms.CharField(
+        max_length=100,
+        label=_lazy("When (cron)"),
+        help_text=_lazy("minute hour day month weekday, e.g. 0 9 * * 1-5: 9:00 on weekdays"),
+    )
+    timezone = forms.CharField(max_length=64, initial="Europe/Paris", label=_lazy("Time zone"))
+    message = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), label=_lazy("Message for the agent"))
+    stop_after = forms.BooleanField(required=False, label=_lazy("Stop the desktop after the answer"))

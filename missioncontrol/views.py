@@ -14,9 +14,11 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponse, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from django_eventstream.views import events as eventstream_events
 
@@ -36,11 +38,12 @@ from billing.selectors import (
     spend_alerts_this_month,
     tier_list,
 )
-from desktops import selectors, services
+from desktops import schedules, selectors, services
 from desktops.audit import Actor
 from desktops.engines import desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
 from desktops.events import workspace_stream
+from desktops.labels import desktops_label
 from desktops.models import DesktopState, Role
 from desktops.selectors import role_in
 from missioncontrol import forms
@@ -160,8 +163,12 @@ def switch(request):
 def desktops(request):
     filters = forms.DesktopFilterForm(request.GET)
     filters.is_valid()
+    label = filters.cleaned_data.get("label", "").strip().lower()
     rows = selectors.desktop_list(
-        actor=request.actor, workspace_id=request.workspace.id, state=filters.cleaned_data.get("state")
+        actor=request.actor,
+        workspace_id=request.workspace.id,
+        state=filters.cleaned_data.get("state"),
+        labels=[label] if label else None,
     )
     if filters.cleaned_data.get("q"):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
@@ -183,6 +190,7 @@ def desktops(request):
         query=query_without_page(request),
         new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
         spend_alert=_latest_alert(request.workspace),
+        labels=selectors.label_list(workspace=request.workspace),
     )
 
 
@@ -223,6 +231,22 @@ def fleet_action(request):
             messages.error(request, " ".join(errors))
         return redirect("desktops", request.workspace.id)
     action = form.cleaned_data["action"]
+    if action in dict(forms.LABEL_ACTIONS):
+        label, selected = form.cleaned_data["label"], form.cleaned_data["desktops"]
+        change = {"add": [label]} if action == "label" else {"remove": [label]}
+        attempt(
+            request,
+            lambda: desktops_label(
+                actor=request.actor, workspace=request.workspace, desktop_ids=selected, **change
+            ),
+            ngettext(
+                "%(label)s: %(count)d desktop changed.",
+                "%(label)s: %(count)d desktops changed.",
+                len(selected),
+            )
+            % {"label": label, "count": len(selected)},
+        )
+        return redirect("desktops", request.workspace.id)
     for desktop_id in form.cleaned_data["desktops"]:
         desktop = selectors.desktop_get(actor=request.actor, desktop_id=desktop_id)
         attempt(
@@ -252,7 +276,74 @@ def desktop(request, desktop_id):
         usage=desktop_resource_usage(found),
         costs=costs_of_desktop(actor=actor, desktop_id=found.id, month=this_month()),
         agent_usage=agent_usage_of_desktop(found),
+        schedules=_schedules_of(found),
+        schedule_form=forms.ScheduleForm(),
     )
+
+
+def _schedules_of(desktop):
+    rows = list(selectors.schedule_list(desktop=desktop))
+    last_runs = selectors.schedule_last_runs(schedule_ids=[row.id for row in rows])
+    for row in rows:
+        row.last_run = last_runs.get(row.id)
+    return rows
+
+
+def _desktop_of(request, desktop_id):
+    actor = Actor.from_request(request)
+    try:
+        return actor, selectors.desktop_get(actor=actor, desktop_id=desktop_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+
+
+@require_POST
+@login_required
+def schedule_new(request, desktop_id):
+    """A scheduled message, from the desktop's page; the services check the control role."""
+    actor, desktop = _desktop_of(request, desktop_id)
+    form = forms.ScheduleForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"{field}: {' '.join(errors)}")
+    else:
+        data = form.cleaned_data
+        attempt(
+            request,
+            lambda: schedules.schedule_create(
+                actor=actor,
+                desktop=desktop,
+                cron=data["cron"],
+                message=data["message"],
+                tz=data["timezone"],
+                stop_after=data["stop_after"],
+            ),
+            _("Schedule saved: the agent gets the message on time."),
+        )
+    return redirect(f"{reverse('desktop', args=[desktop.id])}#schedules-panel")
+
+
+@require_POST
+@login_required
+def schedule_change(request, schedule_id):
+    """Pause, resume or delete a schedule, from its desktop's page."""
+    actor = Actor.from_request(request)
+    try:
+        schedule = selectors.schedule_get(actor=actor, schedule_id=schedule_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    change = request.POST.get("change")
+    if change == "delete":
+        attempt(
+            request, lambda: schedules.schedule_delete(actor=actor, schedule=schedule), _("Schedule deleted.")
+        )
+    elif change in ("pause", "resume"):
+        attempt(
+            request,
+            lambda: schedules.schedule_update(actor=actor, schedule=schedule, enabled=change == "resume"),
+            _("Schedule paused.") if change == "pause" else _("Schedule resumed."),
+        )
+    return redirect(f"{reverse('desktop', args=[schedule.desktop_id])}#schedules-panel")
 
 
 def workspace_events(request, workspace_id):

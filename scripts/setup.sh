@@ -24,6 +24,8 @@ step "Python environment (.venv)"
 # From the lock file, hashes checked: every machine gets the same packages (`make lock` renews it).
 .venv/bin/pip install -q --disable-pip-version-check --require-hashes -r requirements.lock
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+# The SDK, CLI and MCP server, a package of their own (their dependencies are in the lock, via the dev extra).
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -e sdk/python
 echo "ok"
 
 step "Desktop host: LXC, its bridge and firewall"

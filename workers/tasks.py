@@ -11,9 +11,9 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, chat, engines, lifecycle, selectors
+from desktops import agent_config, chat, engines, lifecycle, schedules, selectors
 from desktops.engines import TransientDriverError
-from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, WORKSPACE_AGENT_CONFIGURE
+from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
@@ -158,6 +158,7 @@ def chat_deliver(*, desktop_id: str) -> None:
 def chat_follow(*, message_id: str, follower: str) -> None:
     workspace_id = chat.chat_follow(message_id=message_id, follower=follower)
     if workspace_id:
+        schedules.schedule_turn_ended(message_id=message_id)
         # The turn's slot is free: the next message of its desktop, or of another in the workspace.
         for desktop_id in chat.chat_waiting(workspace_id=workspace_id):
             chat_deliver.delay(desktop_id=desktop_id)
@@ -171,3 +172,20 @@ def chat_resume() -> None:
         chat_follow.delay(message_id=message_id, follower=follower)
     for desktop_id in stalled:
         chat_deliver.delay(desktop_id=desktop_id)
+
+
+@shared_task(name="workers.tasks.schedules_run", acks_late=True, soft_time_limit=50)
+def schedules_run() -> list[str]:
+    """Beat, every minute: claim the schedules that are due and hand each run to a worker."""
+    return schedules.schedules_claim()
+
+
+# How long a scheduled run whose desktop is on its way up waits before it looks again.
+SCHEDULE_WAIT = 5
+
+
+@shared_task(name=SCHEDULE_FIRE, bind=True, acks_late=True, soft_time_limit=60)
+def schedule_fire(self, *, run_id: str) -> None:
+    if schedules.schedule_fire(run_id=run_id) == schedules.WAITING:
+        # A fresh copy, later, rather than a worker slot held while the desktop boots.
+        self.apply_async(kwargs={"run_id": run_id}, countdown=SCHEDULE_WAIT)

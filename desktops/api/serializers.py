@@ -14,12 +14,15 @@ from desktops.models import (
     ChatMessage,
     Desktop,
     DesktopEvent,
+    DesktopState,
     Invitation,
     LLMKey,
     LLMProvider,
     Membership,
     Plan,
     Role,
+    Schedule,
+    ScheduleRun,
     Workspace,
     hostname_validator,
 )
@@ -55,6 +58,7 @@ class PlanSerializer(serializers.ModelSerializer):
 class DesktopSerializer(serializers.ModelSerializer):
     workspace_id = serializers.CharField(read_only=True)
     plan = PlanSerializer(read_only=True)
+    labels = serializers.SlugRelatedField(many=True, read_only=True, slug_field="name")
 
     class Meta:
         model = Desktop
@@ -70,10 +74,17 @@ class DesktopSerializer(serializers.ModelSerializer):
             "driver",
             "driver_ref",
             "last_error",
+            "progress",
+            "labels",
             "created_at",
             "updated_at",
             "state_changed_at",
         ]
+
+
+def _labels(**kwargs):
+    label = serializers.CharField(max_length=63, help_text="e.g. ci, team-a, env=prod")
+    return serializers.ListField(child=label, max_length=20, required=False, **kwargs)
 
 
 class DesktopCreateSerializer(serializers.Serializer):
@@ -81,6 +92,164 @@ class DesktopCreateSerializer(serializers.Serializer):
     workspace_id = serializers.CharField(required=False, help_text="Defaults to the key's workspace.")
     plan = serializers.CharField(required=False, help_text="Plan id or name; defaults to the default plan.")
     image_profile = serializers.ChoiceField(choices=["minimal", "full"], required=False)
+    labels = _labels()
+
+
+class BulkCreateSerializer(serializers.Serializer):
+    """Many desktops of one plan and image: named in `names`, or `namePrefix` numbered `count` times."""
+
+    workspace_id = serializers.CharField(required=False, help_text="Defaults to the key's workspace.")
+    names = serializers.ListField(
+        child=serializers.CharField(max_length=63, validators=[hostname_validator]),
+        min_length=1,
+        max_length=50,
+        required=False,
+    )
+    name_prefix = serializers.CharField(
+        max_length=50,
+        validators=[hostname_validator],
+        required=False,
+        help_text="Names prefix-N, numbered on from the highest the workspace uses.",
+    )
+    count = serializers.IntegerField(min_value=1, max_value=50, required=False)
+    plan = serializers.CharField(required=False, help_text="Plan id or name; defaults to the default plan.")
+    image_profile = serializers.ChoiceField(choices=["minimal", "full"], required=False)
+    labels = _labels()
+
+    def validate(self, data):
+        if ("names" in data) == ("name_prefix" in data) or ("name_prefix" in data) != ("count" in data):
+            raise serializers.ValidationError(_("Give either names, or namePrefix with count."))
+        return data
+
+
+class BulkSelectionSerializer(serializers.Serializer):
+    """Which of the workspace's desktops: by ids, labels (all of them) or state, or all of them."""
+
+    workspace_id = serializers.CharField(required=False, help_text="Defaults to the key's workspace.")
+    ids = serializers.ListField(child=serializers.CharField(max_length=40), max_length=500, required=False)
+    labels = _labels(help_text="Desktops with every one of these labels.")
+    state = serializers.ChoiceField(choices=DesktopState.choices, required=False)
+    all = serializers.BooleanField(
+        default=False, help_text="Every desktop of the workspace, when nothing else says."
+    )
+
+
+class BulkLabelsSerializer(BulkSelectionSerializer):
+    add = _labels()
+    remove = _labels()
+
+
+class LabelsChangeSerializer(serializers.Serializer):
+    add = _labels()
+    remove = _labels()
+
+
+class BulkOutcomeSerializer(serializers.Serializer):
+    desktop_id = serializers.CharField()
+    ok = serializers.BooleanField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    code = serializers.CharField(help_text="Why not, for a program (as an error's code); blank when ok.")
+    message = serializers.CharField(help_text="Why not, for a person; blank when ok.")
+
+
+class BulkResultSerializer(serializers.Serializer):
+    done = serializers.IntegerField()
+    refused = serializers.IntegerField()
+    results = BulkOutcomeSerializer(many=True)
+
+
+class BulkCreatedSerializer(serializers.Serializer):
+    desktops = DesktopSerializer(many=True)
+
+
+class LabelCountSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    desktops = serializers.IntegerField(help_text="Live desktops with this label.")
+
+
+class ExecSerializer(serializers.Serializer):
+    command = serializers.CharField(
+        required=False, trim_whitespace=False, help_text="A command line for the agent user's shell."
+    )
+    argv = serializers.ListField(
+        child=serializers.CharField(trim_whitespace=False, allow_blank=True),
+        min_length=1,
+        required=False,
+        help_text="Or a program and its arguments, each passed as it is.",
+    )
+    timeout = serializers.IntegerField(min_value=1, max_value=600, default=60, help_text="Seconds.")
+    stdin = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, default="")
+
+    def validate(self, data):
+        if ("command" in data) == ("argv" in data):
+            raise serializers.ValidationError(_("Give either command or argv."))
+        return data
+
+
+class ExecResultSerializer(serializers.Serializer):
+    exit_code = serializers.IntegerField(allow_null=True, help_text="null: the connection broke first.")
+    stdout = serializers.CharField()
+    stderr = serializers.CharField()
+    stdout_truncated = serializers.BooleanField(help_text="Only the first MiB is kept.")
+    stderr_truncated = serializers.BooleanField()
+    timed_out = serializers.BooleanField()
+    duration_ms = serializers.IntegerField()
+
+
+class ScheduleRunSerializer(serializers.ModelSerializer):
+    reply_id = serializers.CharField(allow_null=True, read_only=True, help_text="The agent's answer.")
+
+    class Meta:
+        model = ScheduleRun
+        fields = ["id", "due_at", "status", "reply_id", "error", "created_at", "updated_at"]
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    desktop_id = serializers.CharField(read_only=True)
+    created_by = serializers.EmailField(
+        source="created_by.email", read_only=True, default=None, help_text="Whom it sends messages as."
+    )
+    last_run = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Schedule
+        fields = [
+            "id",
+            "desktop_id",
+            "cron",
+            "timezone",
+            "message",
+            "stop_after",
+            "enabled",
+            "next_run_at",
+            "created_by",
+            "created_at",
+            "updated_at",
+            "last_run",
+        ]
+
+    @extend_schema_field(ScheduleRunSerializer(allow_null=True))
+    def get_last_run(self, schedule) -> dict | None:
+        run = self.context.get("last_runs", {}).get(schedule.id)
+        return ScheduleRunSerializer(run).data if run else None
+
+
+class ScheduleWriteSerializer(serializers.Serializer):
+    cron = serializers.CharField(max_length=100, help_text="minute hour day month weekday, e.g. 0 9 * * 1-5")
+    message = serializers.CharField(help_text="Sent to the desktop's agent at each run.")
+    timezone = serializers.CharField(max_length=64, default="UTC", help_text="e.g. Europe/Paris")
+    stop_after = serializers.BooleanField(
+        default=False, help_text="Stop the desktop once the agent has answered."
+    )
+    enabled = serializers.BooleanField(default=True)
+
+
+class ScheduleUpdateSerializer(ScheduleWriteSerializer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():  # a change names only what changes
+            field.required, field.default = False, serializers.empty
 
 
 class DesktopEventSerializer(serializers.ModelSerializer):

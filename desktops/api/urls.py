@@ -22,6 +22,7 @@ router.register("invitations", views.InvitationViewSet, basename="invitation")
 router.register("keys", views.ApiKeyViewSet, basename="api-key")
 router.register("llm-keys", views.LLMKeyViewSet, basename="llm-key")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("schedules", views.ScheduleViewSet, basename="schedule")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

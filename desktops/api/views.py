@@ -1,5 +1,6 @@
 """Thin views: parse input, call a selector or a service, shape the output."""
 
+import shlex
 from collections.abc import Mapping
 
 from django.conf import settings
@@ -23,10 +24,12 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import selectors, services
+from desktops import bulk, schedules, selectors, services
 from desktops.api import serializers as s
 from desktops.audit import Actor
+from desktops.commands import desktop_exec
 from desktops.errors import Forbidden
+from desktops.labels import desktops_label
 from desktops.models import DesktopState, Role
 from desktops.relays import relay_tickets_mint
 
@@ -40,6 +43,7 @@ class BodyTooLarge(APIException):
 # What a 409 means where the services can answer one (desktops.errors.Conflict).
 NOT_NOW = OpenApiResponse(description=_("Not allowed in the current state"))
 STEPS = ("start", "stop", "suspend", "resume")
+BULK_STEPS = (*STEPS, "destroy")
 
 
 class WorkspaceQuery(serializers.Serializer):
@@ -108,6 +112,10 @@ def _strings_only(serializer, data) -> None:
 class DesktopListQuery(serializers.Serializer):
     state = serializers.ChoiceField(choices=DesktopState.choices, required=False)
     workspace = serializers.CharField(required=False, help_text="Workspace id (ws_…)")
+    label = serializers.CharField(
+        required=False, help_text="Desktops with this label (several: a,b has both)."
+    )
+    name = serializers.CharField(required=False, help_text="The desktop of this name.")
 
 
 class DesktopViewSet(ApiViewSet):
@@ -119,7 +127,11 @@ class DesktopViewSet(ApiViewSet):
         if query.get("workspace"):
             self.workspace(query["workspace"])
         desktops = selectors.desktop_list(
-            actor=self.actor, workspace_id=query.get("workspace"), state=query.get("state")
+            actor=self.actor,
+            workspace_id=query.get("workspace"),
+            state=query.get("state"),
+            labels=[label for label in query.get("label", "").split(",") if label],
+            name=query.get("name"),
         )
         return self.page(desktops, s.DesktopSerializer)
 
@@ -139,6 +151,7 @@ class DesktopViewSet(ApiViewSet):
             plan=selectors.plan_get(plan=data.get("plan")),
             name=data["name"],
             image_profile=data.get("image_profile", ""),
+            labels=data.get("labels", ()),
         )
         headers = {"Location": f"/api/desktops/{desktop.id}"}
         return Response(s.DesktopSerializer(desktop).data, status=status.HTTP_201_CREATED, headers=headers)
@@ -211,12 +224,197 @@ class DesktopViewSet(ApiViewSet):
             s.RelaySessionSerializer(tickets, context={"desktop_id": desktop.id}).data, status=201
         )
 
+    @extend_schema(responses=s.ChatMessageSerializer)
+    @action(detail=True, methods=["get"], url_path=r"chat/(?P<message_id>msg_[a-z0-9]+)")
+    def chat_message(self, request, pk, message_id):
+        """One message; its content grows while the agent answers (poll it until its status is done)."""
+        message = selectors.chat_message_get(desktop=self._desktop(pk), message_id=message_id)
+        return Response(s.ChatMessageSerializer(message).data)
+
+    # Fleets: many desktops in one call, within one workspace (desktops.bulk), and their labels.
+
+    @extend_schema(
+        request=s.BulkCreateSerializer,
+        responses={
+            201: s.BulkCreatedSerializer,
+            409: OpenApiResponse(
+                description=_("Past a quota of the workspace's tier (code quota_exceeded): none made")
+            ),
+        },
+    )
+    @action(detail=False, methods=["post"])
+    def bulk(self, request):
+        """Make many desktops at once, all of them or none (the quota counts the whole batch)."""
+        data = self.valid(s.BulkCreateSerializer, request.data)
+        workspace = self.workspace(data.get("workspace_id"), minimum=Role.MEMBER)
+        names = data.get("names") or bulk.bulk_names(
+            workspace=workspace, prefix=data["name_prefix"], count=data["count"]
+        )
+        desktops = bulk.desktops_create(
+            actor=self.actor,
+            workspace=workspace,
+            plan=selectors.plan_get(plan=data.get("plan")),
+            names=names,
+            image_profile=data.get("image_profile", ""),
+            labels=data.get("labels", ()),
+        )
+        return Response(s.BulkCreatedSerializer({"desktops": desktops}).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="desktops_bulk_act",
+        request=s.BulkSelectionSerializer,
+        parameters=[OpenApiParameter("step", OpenApiTypes.STR, OpenApiParameter.PATH, enum=BULK_STEPS)],
+        responses=s.BulkResultSerializer,
+    )
+    @action(detail=False, methods=["post"], url_path=rf"bulk/(?P<step>{'|'.join(BULK_STEPS)})")
+    def bulk_act(self, request, step):
+        """Request a step on each selected desktop; each is answered on its own (one refusal stops none)."""
+        data = self.valid(s.BulkSelectionSerializer, request.data)
+        workspace = self.workspace(data.get("workspace_id"), minimum=Role.MEMBER)
+        outcomes = bulk.desktops_act(
+            actor=self.actor, workspace=workspace, action=step, selection=_selection(data)
+        )
+        return Response(s.BulkResultSerializer(_bulk_result(outcomes)).data)
+
+    @extend_schema(request=s.BulkLabelsSerializer, responses=s.BulkResultSerializer)
+    @action(detail=False, methods=["post"], url_path="bulk/labels")
+    def bulk_labels(self, request):
+        """Add and remove labels on each selected desktop."""
+        data = self.valid(s.BulkLabelsSerializer, request.data)
+        workspace = self.workspace(data.get("workspace_id"), minimum=Role.MEMBER)
+        outcomes = bulk.desktops_relabel(
+            actor=self.actor,
+            workspace=workspace,
+            selection=_selection(data),
+            add=data.get("add", ()),
+            remove=data.get("remove", ()),
+        )
+        return Response(s.BulkResultSerializer(_bulk_result(outcomes)).data)
+
+    @extend_schema(request=s.LabelsChangeSerializer, responses=s.DesktopSerializer)
+    @action(detail=True, methods=["post"])
+    def labels(self, request, pk):
+        """Add and remove the desktop's labels."""
+        desktop = self._desktop(pk, Role.MEMBER)
+        data = self.valid(s.LabelsChangeSerializer, request.data)
+        desktops_label(
+            actor=self.actor,
+            workspace=desktop.workspace,
+            desktop_ids=[desktop.id],
+            add=data.get("add", ()),
+            remove=data.get("remove", ()),
+        )
+        return Response(s.DesktopSerializer(self._desktop(pk)).data)
+
+    @extend_schema(
+        request=s.ExecSerializer,
+        responses={
+            200: s.ExecResultSerializer,
+            409: OpenApiResponse(description=_("The desktop is not running")),
+            503: OpenApiResponse(description=_("The desktop's shell is not answering (try again)")),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="exec")
+    def run_command(self, request, pk):
+        """Run a command in the desktop as its agent user, over SSH: its exit code and output (the first
+        MiB of each stream), within `timeout` seconds. Needs the role that may take control."""
+        desktop = self._desktop(pk)
+        selectors.workspace_for_control(
+            actor=self.actor, workspace_id=desktop.workspace_id
+        )  # before the body
+        data = self.valid(s.ExecSerializer, request.data)
+        result = desktop_exec(
+            actor=self.actor,
+            desktop=desktop,
+            command=data.get("command") or shlex.join(data["argv"]),
+            timeout=data["timeout"],
+            stdin=data["stdin"],
+        )
+        return Response(s.ExecResultSerializer(result).data)
+
+    @extend_schema(methods=["GET"], responses=s.ScheduleSerializer(many=True))
+    @extend_schema(methods=["POST"], request=s.ScheduleWriteSerializer, responses={201: s.ScheduleSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def schedules(self, request, pk):
+        """Messages sent to the desktop's agent on a cron schedule (started first if need be)."""
+        desktop = self._desktop(pk)
+        if request.method == "GET":
+            page = self.paginate_queryset(selectors.schedule_list(desktop=desktop))
+            return self.get_paginated_response(_schedules_data(page))
+        selectors.workspace_for_control(
+            actor=self.actor, workspace_id=desktop.workspace_id
+        )  # before the body
+        data = self.valid(s.ScheduleWriteSerializer, request.data)
+        schedule = schedules.schedule_create(
+            actor=self.actor,
+            desktop=desktop,
+            cron=data["cron"],
+            message=data["message"],
+            tz=data["timezone"],
+            stop_after=data["stop_after"],
+            enabled=data["enabled"],
+        )
+        return Response(_schedules_data([schedule])[0], status=status.HTTP_201_CREATED)
+
     def _desktop(self, pk, minimum=Role.VIEWER):
         return selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum)
 
     def _act(self, pk, step):
         desktop = services.desktop_act(actor=self.actor, desktop=self._desktop(pk, Role.MEMBER), action=step)
         return Response(s.DesktopSerializer(desktop).data, status=status.HTTP_202_ACCEPTED)
+
+
+def _selection(data) -> bulk.Selection:
+    return bulk.Selection(
+        ids=tuple(data.get("ids", ())),
+        labels=tuple(data.get("labels", ())),
+        state=data.get("state", ""),
+        everything=data["all"],
+    )
+
+
+def _bulk_result(outcomes: list[bulk.Outcome]) -> dict:
+    done = sum(outcome.ok for outcome in outcomes)
+    return {"done": done, "refused": len(outcomes) - done, "results": outcomes}
+
+
+def _schedules_data(page) -> list[dict]:
+    last_runs = selectors.schedule_last_runs(schedule_ids=[schedule.id for schedule in page])
+    return s.ScheduleSerializer(page, many=True, context={"last_runs": last_runs}).data
+
+
+class ScheduleViewSet(ApiViewSet):
+    """A desktop's scheduled messages (create them at /api/desktops/{id}/schedules)."""
+
+    serializer_class = s.ScheduleSerializer
+
+    def retrieve(self, request, pk):
+        return Response(_schedules_data([self._schedule(pk)])[0])
+
+    @extend_schema(request=s.ScheduleUpdateSerializer)
+    def partial_update(self, request, pk):
+        """Change it; it then sends its messages as you."""
+        schedule = self._schedule(pk)
+        selectors.workspace_for_control(
+            actor=self.actor, workspace_id=schedule.workspace_id
+        )  # before the body
+        data = self.valid(s.ScheduleUpdateSerializer, request.data)
+        schedule = schedules.schedule_update(actor=self.actor, schedule=schedule, **data)
+        return Response(_schedules_data([schedule])[0])
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk):
+        schedules.schedule_delete(actor=self.actor, schedule=self._schedule(pk))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.ScheduleRunSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def runs(self, request, pk):
+        """The times it came due, newest first: what each did, and the answer it got."""
+        return self.page(selectors.schedule_runs(schedule=self._schedule(pk)), s.ScheduleRunSerializer)
+
+    def _schedule(self, pk):
+        return selectors.schedule_get(actor=self.actor, schedule_id=pk)
 
 
 class PlanViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ApiViewSet):
@@ -293,7 +491,8 @@ class WorkspaceViewSet(ApiViewSet):
         usage = quota_of(actor=self.actor, workspace_id=self.workspace(pk).id)
         return Response(s.QuotaUsageSerializer(usage).data)
 
-    @extend_schema(request=s.ModelPriceWriteSerializer, responses=s.ModelPriceSerializer(many=True))
+    @extend_schema(methods=["GET"], responses=s.ModelPriceSerializer(many=True))
+    @extend_schema(methods=["POST"], request=s.ModelPriceWriteSerializer, responses=s.ModelPriceSerializer)
     @action(detail=True, methods=["get", "post"], url_path="model-prices")
     def model_prices(self, request, pk):
         """What each model's tokens cost the workspace; POST sets one model's price (new or changed)."""
@@ -309,6 +508,12 @@ class WorkspaceViewSet(ApiViewSet):
     def model_price(self, request, pk, price_id):
         billing.model_price_delete(actor=self.actor, workspace_id=self.workspace(pk).id, price_id=price_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=s.LabelCountSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def labels(self, request, pk):
+        """The labels on the workspace's desktops, with how many desktops have each."""
+        return self.page(selectors.label_list(workspace=self.workspace(pk)), s.LabelCountSerializer)
 
     @extend_schema(responses=s.MembershipSerializer(many=True))
     @action(detail=True, methods=["get"])

@@ -238,6 +238,105 @@ CASES = [
 ]
 
 
+def _schedule(ws, m):
+    body = {"cron": "0 9 * * 1-5", "message": "Rapport du jour", "timezone": "Europe/Paris"}
+    url = f"/api/desktops/{_desktop(ws, m)}/schedules"
+    return client_for(m[Role.OWNER]).post(url, body, format="json").json()["id"]
+
+
+def _chat_reply(ws, m):
+    desktop = _desktop(ws, m)
+    url = f"/api/desktops/{desktop}/chat"
+    reply = client_for(m[Role.OWNER]).post(url, {"message": "Bonjour"}, format="json").json()["id"]
+    return f"/api/desktops/{desktop}/chat/{reply}"
+
+
+FLEET_CASES = [
+    Case(
+        "list desktops by label",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/desktops?workspace={ws.id}&label=ci", None),
+    ),
+    Case(
+        "workspace labels", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}/labels", None)
+    ),
+    Case(
+        "label a desktop",
+        Role.MEMBER,
+        200,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m)}/labels", {"add": ["ci"]}),
+    ),
+    Case(
+        "bulk create",
+        Role.MEMBER,
+        201,
+        lambda ws, m: ("post", "/api/desktops/bulk", {"workspaceId": ws.id, "namePrefix": "ci", "count": 2}),
+    ),
+    Case(
+        "bulk stop",
+        Role.MEMBER,
+        200,
+        lambda ws, m: ("post", "/api/desktops/bulk/stop", {"workspaceId": ws.id, "ids": [_desktop(ws, m)]}),
+    ),
+    Case(
+        "bulk label",
+        Role.MEMBER,
+        200,
+        lambda ws, m: (
+            "post",
+            "/api/desktops/bulk/labels",
+            {"workspaceId": ws.id, "all": True, "add": ["x"]},
+        ),
+    ),
+    # Access is granted before the desktop's state is looked at: a stopped desktop answers 409 to whoever
+    # may run commands in it (and no shell is dialled).
+    Case(
+        "run a command",
+        Role.MEMBER,
+        409,
+        lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m, 'stopped')}/exec", {"command": "id"}),
+    ),
+    Case("read a chat message", Role.VIEWER, 200, lambda ws, m: ("get", _chat_reply(ws, m), None)),
+    Case(
+        "list schedules",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/schedules", None),
+    ),
+    Case(
+        "create schedule",
+        Role.MEMBER,
+        201,
+        lambda ws, m: (
+            "post",
+            f"/api/desktops/{_desktop(ws, m)}/schedules",
+            {"cron": "*/30 * * * *", "message": "Surveille le pipeline"},
+        ),
+    ),
+    Case("get schedule", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/schedules/{_schedule(ws, m)}", None)),
+    Case(
+        "schedule runs",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/schedules/{_schedule(ws, m)}/runs", None),
+    ),
+    Case(
+        "change schedule",
+        Role.MEMBER,
+        200,
+        lambda ws, m: ("patch", f"/api/schedules/{_schedule(ws, m)}", {"enabled": False}),
+    ),
+    Case(
+        "delete schedule",
+        Role.MEMBER,
+        204,
+        lambda ws, m: ("delete", f"/api/schedules/{_schedule(ws, m)}", None),
+    ),
+]
+CASES += FLEET_CASES
+
+
 def _invitation(workspace, members) -> str:
     return Invitation.objects.create(workspace=workspace, email="someone@example.com", role=Role.MEMBER).id
 

@@ -269,7 +269,7 @@ if (chatForm) {
   });
 }
 
-// The side panel's tabs: chat, timeline, details.
+// The side panel's tabs: chat, timeline, details, schedules.
 document.querySelectorAll("[data-tab]").forEach((tab) =>
   tab.addEventListener("click", () => {
     document.querySelectorAll("[data-tab]").forEach((other) => {
@@ -278,5 +278,7 @@ document.querySelectorAll("[data-tab]").forEach((tab) =>
     });
   }),
 );
+// Back from a schedule's form, on the tab it was sent from.
+document.querySelector(`[data-tab="${location.hash.slice(1)}"]`)?.click();
 
 connect();
