@@ -49,6 +49,14 @@ SCRIPTED_MODEL_HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])
 SCRIPTED_MODEL_URL = f"http://{SCRIPTED_MODEL_HOST}:{SCRIPTED_MODEL_PORT}/v1"
 
 
+def pytest_configure(config):
+    """Every task this process sends goes to the suite's broker and queues, from the first test on:
+    the app keeps the connection pool of the first broker it used, whichever test used it first."""
+    celery_app.conf.broker_url = TEST_BROKER
+    celery_app.conf.task_default_queue = TEST_QUEUE
+    celery_app.conf.task_routes = chat_routes(TEST_CHAT_QUEUE)
+
+
 @pytest.fixture
 def scripted_model(lxc_test_engine):
     """The stand-in for an LLM, on the desktops' bridge (brought up now rather than with a first desktop)."""
@@ -144,9 +152,6 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
 def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path_factory):
     """Real Celery workers on the test database, Redis and the directory test driver: one for the
     lifecycle (two slots, as a small deployment has) and one following agent turns (threads)."""
-    celery_app.conf.broker_url = TEST_BROKER
-    celery_app.conf.task_default_queue = TEST_QUEUE
-    celery_app.conf.task_routes = chat_routes(TEST_CHAT_QUEUE)
     basetemp = tmp_path_factory.getbasetemp()
     env = service_env(
         driver_dir,
