@@ -128,8 +128,9 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
 def desktop_step_slot(*, desktop_id: str, seconds: float) -> bool:
     """Take one of the workspace's slots for a step on this desktop, for at most `seconds`.
 
-    False when the workspace already has LIFECYCLE_STEPS_PER_WORKSPACE steps under way: the step
-    waits its turn without holding a worker, and other workspaces' steps go first meanwhile.
+    False when the workspace already has LIFECYCLE_STEPS_PER_WORKSPACE steps under way while another
+    workspace's step waits: this step waits its turn without holding a worker, and the other goes
+    first. With nobody else waiting the cap does not apply, so one tenant's burst uses every worker.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -139,10 +140,22 @@ def desktop_step_slot(*, desktop_id: str, seconds: float) -> bool:
         # Slots in one workspace are taken in turn, on its row.
         Workspace.objects.select_for_update().filter(id=workspace_id).exists()
         busy = Desktop.objects.filter(workspace_id=workspace_id, step_until__gt=now).exclude(id=desktop_id)
-        if busy.count() >= settings.LIFECYCLE_STEPS_PER_WORKSPACE:
+        at_cap = busy.count() >= settings.LIFECYCLE_STEPS_PER_WORKSPACE
+        if at_cap and _steps_waiting_elsewhere(workspace_id, now):
             return False
         Desktop.objects.filter(id=desktop_id).update(step_until=now + timedelta(seconds=seconds))
     return True
+
+
+def _steps_waiting_elsewhere(workspace_id, now) -> bool:
+    """Whether a desktop of another workspace is in a step that holds no slot yet (its task is queued)."""
+    under_way = {step.via for step in TRANSITIONS.values()}
+    return (
+        Desktop.objects.filter(state__in=under_way)
+        .exclude(workspace_id=workspace_id)
+        .exclude(step_until__gt=now)
+        .exists()
+    )
 
 
 def desktop_step_slot_free(*, desktop_id: str) -> None:

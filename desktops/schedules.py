@@ -24,7 +24,7 @@ from desktops.models import ChatMessage, Desktop, Schedule, ScheduleRun
 from desktops.models import DesktopState as S
 from desktops.queue import SCHEDULE_FIRE, enqueue
 from desktops.selectors import workspace_for_control
-from desktops.services import MAX_MESSAGE, chat_send, desktop_act
+from desktops.services import chat_message_checked, chat_send, desktop_act
 
 Run = ScheduleRun.Status
 # Closer runs than this would make an agent's queue grow faster than it answers.
@@ -61,12 +61,7 @@ def _checked(cron: str, tz: str, message: str) -> tuple[str, str, str]:
             _("A schedule runs at most every %(minutes)d minutes.") % {"minutes": MIN_INTERVAL.seconds // 60},
             fields={"cron": [_("Too often.")]},
         )
-    if not message or len(message) > MAX_MESSAGE:
-        raise Invalid(
-            _("A message has 1 to %(max)d characters.") % {"max": MAX_MESSAGE},
-            fields={"message": [_("Empty or too long.")]},
-        )
-    return cron, tz, message
+    return cron, tz, chat_message_checked(message)
 
 
 def schedule_create(

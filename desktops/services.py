@@ -361,17 +361,24 @@ def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
 MAX_MESSAGE = 32_000
 
 
+def chat_message_checked(message: str) -> str:
+    """A message for the agent, stripped, or Invalid when it is empty or too long."""
+    message = message.strip()
+    if not message or len(message) > MAX_MESSAGE:
+        raise Invalid(
+            _("A message has 1 to %(max)d characters.") % {"max": MAX_MESSAGE},
+            fields={"message": [_("Empty or too long.")]},
+        )
+    return message
+
+
 def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
     """Store an operator's message and queue the agent's turn; returns the (pending) reply.
 
     Instructing the agent is controlling its desktop: it takes the workspace's control role.
     """
     workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
-    message = message.strip()
-    if not message or len(message) > MAX_MESSAGE:
-        raise Invalid(
-            f"A message has 1 to {MAX_MESSAGE} characters.", fields={"message": ["Empty or too long."]}
-        )
+    message = chat_message_checked(message)
     with transaction.atomic():
         sent = ChatMessage.objects.create(
             desktop=desktop, author=ChatMessage.Author.OPERATOR, content=message, created_by=actor.user

@@ -173,7 +173,7 @@ REST_FRAMEWORK = {
         "desktops.api.rendering.BrowsableAPIRenderer",
     ],
     "DEFAULT_METADATA_CLASS": "desktops.api.rendering.Metadata",
-    "DEFAULT_PARSER_CLASSES": ["djangorestframework_camel_case.parser.CamelCaseJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["desktops.api.parsing.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "desktops.api.pagination.Pagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "desktops.api.errors.exception_handler",

@@ -329,9 +329,22 @@ class TerminalRelayConsumer(RelayConsumer):
     kind = Kind.TERMINAL
     HIGH_WATER = 512 * 1024
     LOW_WATER = 128 * 1024
+    # A large paste fits; a bigger frame is an attempt to make the relay hold or parse a flood.
+    MAX_MESSAGE = 64 * 1024
+    MAX_SIDE = 1000
+
+    @classmethod
+    def pty_size(cls, cols, rows) -> tuple[int, int]:
+        cols, rows = int(cols), int(rows)
+        if not (0 < cols <= cls.MAX_SIDE and 0 < rows <= cls.MAX_SIDE):
+            raise ValueError(f"a terminal of {cols}x{rows}")
+        return cols, rows
 
     async def open_backend(self, host):
-        cols, rows = int(self.query.get("cols", 80)), int(self.query.get("rows", 24))
+        try:
+            cols, rows = self.pty_size(self.query.get("cols", 80), self.query.get("rows", 24))
+        except ValueError as exc:
+            raise RelayDenied(4400, _("A terminal's size is 1 to 1000 columns and rows.")) from exc
         self.output: asyncio.Queue[bytes] = asyncio.Queue()
         self.shell = _Shell(asyncio.get_running_loop(), self.output, self.HIGH_WATER, self.LOW_WATER)
         try:
@@ -349,17 +362,21 @@ class TerminalRelayConsumer(RelayConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.denied:
             return
+        if len(text_data or bytes_data or "") > self.MAX_MESSAGE:
+            too_big = _("A terminal message has at most %(max)d bytes.") % {"max": self.MAX_MESSAGE}
+            await self.deny(RelayDenied(4413, too_big))
+            return
         try:
             message = json.loads(text_data or "")
             kind = message["type"]
             if kind == "input" and self.may_control:
                 await self.shell.run(self.shell.channel.sendall, str(message["data"]).encode())
             elif kind == "resize":
-                cols, rows = int(message["cols"]), int(message["rows"])
+                cols, rows = self.pty_size(message["cols"], message["rows"])
                 await self.shell.run(lambda: self.shell.channel.resize_pty(width=cols, height=rows))
             elif kind == "ack":
                 self.shell.acknowledged(int(message["bytes"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             await self.deny(
                 RelayDenied(4400, _("Terminal messages are JSON objects with a type and its fields."))
             )

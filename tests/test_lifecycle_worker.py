@@ -168,11 +168,16 @@ def test_reconcile_reports_orphans_and_vanished_desktops(api, driver):
 
 def test_a_workspace_takes_at_most_its_share_of_lifecycle_slots(members, workspace, settings):
     settings.LIFECYCLE_STEPS_PER_WORKSPACE = 2
-    busy = [DesktopFactory(workspace=workspace) for _ in range(3)]
+    busy = [DesktopFactory(workspace=workspace, state="provisioning") for _ in range(4)]
     assert lifecycle.desktop_step_slot(desktop_id=busy[0].id, seconds=60)
     assert lifecycle.desktop_step_slot(desktop_id=busy[1].id, seconds=60)
+    # Nobody else waits: the cap does not hold the burst back.
+    assert lifecycle.desktop_step_slot(desktop_id=busy[3].id, seconds=60)
+    lifecycle.desktop_step_slot_free(desktop_id=busy[3].id)
+    # Another workspace's step is queued: this workspace keeps to its share, and the other goes first.
+    waiting = DesktopFactory(state="stopping")
     assert not lifecycle.desktop_step_slot(desktop_id=busy[2].id, seconds=60)
-    assert lifecycle.desktop_step_slot(desktop_id=DesktopFactory().id, seconds=60), "another workspace waited"
+    assert lifecycle.desktop_step_slot(desktop_id=waiting.id, seconds=60), "another workspace waited"
     lifecycle.desktop_step_slot_free(desktop_id=busy[0].id)
     assert lifecycle.desktop_step_slot(desktop_id=busy[2].id, seconds=60)
     # A slot whose worker died (past its time limit) is not counted for ever.
@@ -184,7 +189,8 @@ def test_one_tenants_burst_of_creates_does_not_hold_up_anothers_stop(
     api, driver, members, celery_worker, driver_dir, tmp_path_factory
 ):
     """Fifty creates from one workspace used to fill every worker slot: another tenant's stop waited
-    behind them all. A workspace now takes at most LIFECYCLE_STEPS_PER_WORKSPACE slots at once."""
+    behind them all. A workspace now takes at most LIFECYCLE_STEPS_PER_WORKSPACE slots while another
+    workspace's step waits."""
     # A tier that lets this workspace run the whole burst: the free tier's cap is not under test.
     SubscriptionFactory(workspace=members[Role.MEMBER].workspace)
     other = client_for(key=api_key_for(members["outsider"]))

@@ -6,7 +6,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from desktops import crypto
-from desktops.models import ApiKey, AuditEvent, Desktop, DesktopState, LLMKey, Role
+from desktops.models import ApiKey, AuditEvent, ChatMessage, Desktop, DesktopState, LLMKey, Role
 from tests.conftest import client_for
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, api_key_for
 
@@ -154,9 +154,25 @@ def test_options_and_the_browsable_pages_answer_on_every_endpoint(api, owner, wo
         assert page.status_code == 200 and page["Content-Type"].startswith("text/html"), path
 
 
-def test_malformed_json_is_400(api):
-    response = api.post("/api/desktops", "{not json", content_type="application/json")
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b'\xff\xfe{"name": 1}', b"[" * 100_000 + b"]" * 100_000],
+    ids=["malformed", "not-utf-8", "nested-past-the-recursion-limit"],
+)
+def test_malformed_json_is_400_and_nothing_is_stored(api, body):
+    response = api.post("/api/desktops", body, content_type="application/json")
     assert response.status_code == 400 and response.json()["error"]["message"]
+    assert not Desktop.objects.exists()
+
+
+def test_an_oversized_or_non_utf8_chat_message_is_400_and_nothing_is_stored(api, workspace):
+    desktop = DesktopFactory(workspace=workspace)
+    url = f"/api/desktops/{desktop.id}/chat"
+    too_long = api.post(url, {"message": "x" * 32_001}, format="json")
+    assert too_long.status_code == 400 and too_long.json()["error"]["fields"]["message"]
+    lone_surrogate = api.post(url, b'{"message": "\\udc80"}', content_type="application/json")
+    assert lone_surrogate.status_code == 400
+    assert not ChatMessage.objects.filter(desktop=desktop).exists()
 
 
 def test_illegal_transition_is_409_naming_the_state(api, workspace):

@@ -448,11 +448,28 @@ async def test_stalled_and_idle_terminals_never_hold_up_another_persons(
         await each.disconnect()
 
 
-async def test_malformed_terminal_message_closes(desktop, member, ssh_server):
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("not json", 4400),
+        ("[" * 50_000 + "]" * 50_000, 4413),
+        ("[" * 20_000 + "]" * 20_000, 4400),
+        (json.dumps({"type": "resize", "cols": 10**9, "rows": 24}), 4400),
+        (json.dumps({"type": "resize", "cols": -1, "rows": 24}), 4400),
+        (json.dumps({"type": "input", "data": "x" * 100_000}), 4413),
+        (json.dumps(["input"]), 4400),
+    ],
+    ids=["not-json", "oversized", "nested", "huge-resize", "negative-resize", "big-input", "not-an-object"],
+)
+async def test_malformed_and_oversized_terminal_messages_close_it(desktop, member, ssh_server, frame, code):
     communicator = await relay_for(member, desktop, "terminal")
-    await communicator.send_to(text_data="not json")
-    code, _ = await closed_with(communicator)
-    assert code == 4400
+    await communicator.send_to(text_data=frame)
+    assert (await closed_with(communicator))[0] == code
+
+
+async def test_a_terminal_of_an_absurd_size_is_refused(desktop, member, ssh_server):
+    communicator = await relay_for(member, desktop, "terminal", query="?cols=99999&rows=x")
+    assert (await closed_with(communicator))[0] == 4400
 
 
 # The API that mints tickets
