@@ -30,9 +30,11 @@ from workers.drivers.base import (
     NOT_PROVISIONED,
     NOT_RESUMABLE,
     NOT_SUSPENDABLE,
+    ComputeDriver,
     DriverError,
     InstanceSpec,
     InstanceState,
+    InstanceStatus,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ TRANSITIONS: dict[str, Transition] = {
     "resume": Transition(frozenset({S.SUSPENDED}), S.RESUMING, S.RUNNING),
     "destroy": Transition(frozenset(S) - {S.DESTROYING, S.DESTROYED}, S.DESTROYING, S.DESTROYED),
 }
+# Which step a desktop in a transitional state is in.
+STEPS_BY_VIA = {step.via: action for action, step in TRANSITIONS.items()}
 # The desktop states a driver instance should be in; transitional states are not checked.
 STEADY = {
     S.RUNNING: InstanceState.RUNNING,
@@ -191,6 +195,8 @@ def desktop_run_step(*, desktop_id: str, action: str) -> bool:
         # A desktop whose first provision failed has no instance yet: starting it provisions it.
         fresh = action == "provision" or not desktop.driver_ref
         if fresh:
+            # Recorded before the engine starts building, so that reconcile knows whose it is meanwhile.
+            Desktop.objects.filter(id=desktop.id).update(engine_instance=driver.instance_id)
             spec, token_hash = instance_spec(desktop)
             status = driver.provision(spec, progress=lambda step: desktop_progress(desktop, step))
             # A new instance has new host keys and a new helper token.
@@ -282,38 +288,112 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str, detail: s
     )
 
 
+# What becomes of a desktop whose step has been under way past LIFECYCLE_STUCK_AFTER with no worker on it.
+STUCK = _("The %(step)s step did not finish (its worker was lost); check the desktop and try again.")
+VANISHED = _("The desktop's machine no longer exists on the compute engine.")
+
+
 def reconcile() -> dict[str, list[str]]:
-    """Compare every engine in use with the database; report drift and orphans, never delete on a guess."""
-    live = Desktop.objects.exclude(state=S.DESTROYED)
-    report: dict[str, list[str]] = {"drift": [], "orphans": [], "vanished": []}
+    """Compare each engine installation this process reaches with the database.
+
+    A desktop the engine no longer has goes to `error`; one stuck in a step with no worker on it ends
+    in the state its engine shows, or in `error` with a reason; drift is reported. Instances the
+    database does not know are reported, then removed once they have been seen for ORPHAN_GRACE.
+    Each control plane judges only the desktops of the engine installations it can see.
+    """
+    report: dict[str, list[str]] = {"drift": [], "vanished": [], "stuck": [], "orphans": [], "removed": []}
     for name in engines_in_use():
-        _reconcile_engine(name, dict(live.filter(driver=name).values_list("id", "state")), report)
+        _reconcile_engine(name, report)
     return report
 
 
-def _reconcile_engine(name: str, known: dict[str, str], report: dict[str, list[str]]) -> None:
-    instances = {i.key: i for i in engine(name).list_instances()}
-    for key, state in known.items():
-        instance = instances.get(key)
-        expected = STEADY.get(state)
-        if expected is None:
-            continue
-        if instance is None or instance.state == InstanceState.ABSENT:
-            report["vanished"].append(key)
-            message = "The desktop's machine no longer exists on the compute engine."
-            transition(
-                desktop_id=key,
-                sources={state},
-                target=S.ERROR,
-                actor=SYSTEM,
-                reason=message,
-                last_error=message,
-            )
-        elif instance.state != expected:
-            report["drift"].append(key)
-            logger.warning("drift: %s is %s in the database but %s on the engine", key, state, instance.state)
-    for key in instances.keys() - known.keys():
-        report["orphans"].append(key)
+def _reconcile_engine(name: str, report: dict[str, list[str]]) -> None:
+    driver = engine(name)
+    instances = {i.key: i for i in driver.list_instances()}
+    live = Desktop.objects.exclude(state=S.DESTROYED).filter(driver=name)
+    # Desktops made before engines named their installation are judged once found on this one.
+    mine = live.filter(engine_instance__in=(driver.instance_id, ""))
+    now = timezone.now()
+    for desktop in mine.only(
+        "id", "state", "engine_instance", "state_changed_at", "step_until", "driver_ref"
+    ):
+        instance = instances.get(desktop.id)
+        if not desktop.engine_instance:
+            if instance is None:
+                continue
+            Desktop.objects.filter(id=desktop.id).update(engine_instance=driver.instance_id)
+        if desktop.state in STEADY:
+            _reconcile_steady(desktop, instance, report)
+        elif _stuck(desktop, now):
+            _reconcile_stuck(driver, desktop, instance, report)
+    known = set(live.values_list("id", flat=True))  # every installation's: never remove what is known
+    for key in instances.keys() - known:
+        _reconcile_orphan(driver, key, now, report)
+
+
+def _reconcile_steady(
+    desktop: Desktop, instance: InstanceStatus | None, report: dict[str, list[str]]
+) -> None:
+    if instance is None or instance.state == InstanceState.ABSENT:
+        report["vanished"].append(desktop.id)
+        message = str(VANISHED)
+        transition(
+            desktop_id=desktop.id,
+            sources={desktop.state},
+            target=S.ERROR,
+            actor=SYSTEM,
+            reason=message,
+            last_error=message,
+        )
+    elif instance.state != STEADY[desktop.state]:
+        report["drift"].append(desktop.id)
+        logger.warning(
+            "drift: %s is %s in the database but %s on the engine", desktop.id, desktop.state, instance.state
+        )
+
+
+def _stuck(desktop: Desktop, now) -> bool:
+    under_way = desktop.step_until is not None and desktop.step_until > now
+    overdue = desktop.state_changed_at < now - timedelta(seconds=settings.LIFECYCLE_STUCK_AFTER)
+    return desktop.state in STEPS_BY_VIA and overdue and not under_way
+
+
+def _reconcile_stuck(
+    driver: ComputeDriver, desktop: Desktop, instance: InstanceStatus | None, report: dict[str, list[str]]
+) -> None:
+    action = STEPS_BY_VIA[desktop.state]
+    step = TRANSITIONS[action]
+    report["stuck"].append(desktop.id)
+    if action == "destroy":
+        driver.destroy(desktop.id)
+        transition(
+            desktop_id=desktop.id, sources={step.via}, target=step.target, actor=SYSTEM, private_ip=None
+        )
+    elif instance is not None and instance.state == STEADY[step.target] and desktop.driver_ref:
+        # The engine did the step; only its worker's last write was lost.
+        transition(
+            desktop_id=desktop.id,
+            sources={step.via},
+            target=step.target,
+            actor=SYSTEM,
+            private_ip=instance.private_ip,
+            progress="",
+        )
+    else:
+        desktop_step_failed(desktop_id=desktop.id, action=action, message=str(STUCK % {"step": action}))
+
+
+def _reconcile_orphan(driver: ComputeDriver, key: str, now, report: dict[str, list[str]]) -> None:
+    report["orphans"].append(key)
+    first_seen = (
+        AuditEvent.objects.filter(action="reconcile.orphan", target=key)
+        .order_by("at")
+        .values_list("at", flat=True)
+    ).first()
+    if first_seen is None:
         logger.warning("orphan instance %s has no live desktop", key)
-        if not AuditEvent.objects.filter(action="reconcile.orphan", target=key).exists():
-            audit_record(actor=SYSTEM, action="reconcile.orphan", target=key, engine=name)
+        audit_record(actor=SYSTEM, action="reconcile.orphan", target=key, engine=driver.instance_id)
+    elif first_seen < now - timedelta(seconds=settings.ORPHAN_GRACE):
+        driver.destroy(key)
+        report["removed"].append(key)
+        audit_record(actor=SYSTEM, action="reconcile.orphan_removed", target=key, engine=driver.instance_id)

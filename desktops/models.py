@@ -123,6 +123,9 @@ class Desktop(models.Model):
     image_profile = models.CharField(max_length=40)
     driver = models.CharField(max_length=100, help_text="Compute engine running this desktop")
     driver_ref = models.CharField(max_length=100, blank=True, help_text="The engine's name for it")
+    engine_instance = models.CharField(
+        max_length=200, blank=True, help_text="Which installation of the engine holds it (a host, a cluster)"
+    )
     state = models.CharField(max_length=20, choices=DesktopState.choices, default=DesktopState.PROVISIONING)
     private_ip = models.GenericIPAddressField(null=True, blank=True)
     last_error = models.TextField(blank=True, help_text="What went wrong, in words for its owner")

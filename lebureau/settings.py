@@ -232,6 +232,10 @@ CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
 # followed at once, and lifecycle steps (create, start, stop…) carried out at once.
 CHAT_TURNS_PER_WORKSPACE = env.int("CHAT_TURNS_PER_WORKSPACE", 4)
 LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
+# Reconcile: a step under way this long with no worker on it was lost (the longest step's time limit is
+# 930 s); an instance no desktop knows is removed once it has been seen this long.
+LIFECYCLE_STUCK_AFTER = env.int("LIFECYCLE_STUCK_AFTER", 1800)
+ORPHAN_GRACE = env.int("ORPHAN_GRACE", 3600)
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",
     "schedule": CHAT_STALE_AFTER / 2,

@@ -6,8 +6,11 @@ driver contract in their own suites.
 
 import sys
 import time
+from datetime import timedelta
 
 import pytest
+import time_machine
+from django.conf import settings
 from django.utils import timezone
 
 from desktops import lifecycle
@@ -17,6 +20,7 @@ from tests.conftest import LIFECYCLE_NODE, TEST_QUEUE, client_for, node_answers,
 from tests.factories import DesktopFactory, SubscriptionFactory, api_key_for
 from tests.support.desktops import act, wait_for_state
 from tests.support.services import service_process
+from workers.drivers.base import InstanceState
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -164,6 +168,67 @@ def test_reconcile_reports_orphans_and_vanished_desktops(api, driver):
     assert Desktop.objects.get(id=desktop_id).state == "error"
     assert AuditEvent.objects.filter(action="reconcile.orphan", target="dsk_orphan0000000000").count() == 1
     driver.destroy("dsk_orphan0000000000")
+
+
+def test_reconcile_judges_only_the_desktops_of_the_engine_installation_it_sees(workspace, driver):
+    """A second control plane (a bench, another host) on the same database used to see this one's
+    desktops missing from its engine and put them in error."""
+    elsewhere = DesktopFactory(workspace=workspace, engine_instance="directory:/another/host")
+    legacy_here = DesktopFactory(workspace=workspace, engine_instance="")
+    driver.plant(legacy_here.id)
+    legacy_elsewhere = DesktopFactory(workspace=workspace, engine_instance="")
+    report = lifecycle.reconcile()
+    assert not {elsewhere.id, legacy_elsewhere.id, legacy_here.id} & set(report["vanished"])
+    assert Desktop.objects.get(id=elsewhere.id).state == "running"
+    assert Desktop.objects.get(id=legacy_elsewhere.id).state == "running"
+    assert Desktop.objects.get(id=legacy_here.id).engine_instance == driver.instance_id
+    # Another installation's desktop is never taken for an orphan here either.
+    driver.plant(elsewhere.id)
+    assert elsewhere.id not in lifecycle.reconcile()["orphans"]
+    for key in (legacy_here.id, elsewhere.id):
+        driver.destroy(key)
+
+
+def stuck_in(workspace, driver, state: str, instance: InstanceState | None) -> Desktop:
+    """A desktop whose worker was lost in the middle of a step, long ago."""
+    desktop = DesktopFactory(workspace=workspace, state=state, engine_instance=driver.instance_id)
+    if instance is not None:
+        driver.plant(desktop.id, instance)
+    long_ago = timezone.now() - timedelta(seconds=settings.LIFECYCLE_STUCK_AFTER + 60)
+    Desktop.objects.filter(id=desktop.id).update(state_changed_at=long_ago)
+    return desktop
+
+
+def test_reconcile_ends_a_step_whose_worker_was_lost(workspace, driver):
+    done_behind_our_back = stuck_in(workspace, driver, "stopping", InstanceState.STOPPED)
+    lost = stuck_in(workspace, driver, "starting", None)
+    half_destroyed = stuck_in(workspace, driver, "destroying", InstanceState.STOPPED)
+    under_way = stuck_in(workspace, driver, "stopping", InstanceState.RUNNING)
+    Desktop.objects.filter(id=under_way.id).update(step_until=timezone.now() + timedelta(minutes=5))
+    report = lifecycle.reconcile()
+    assert set(report["stuck"]) >= {done_behind_our_back.id, lost.id, half_destroyed.id}
+    assert under_way.id not in report["stuck"]
+    assert Desktop.objects.get(id=done_behind_our_back.id).state == "stopped"
+    failed = Desktop.objects.get(id=lost.id)
+    assert failed.state == "error" and "did not finish" in failed.last_error
+    assert Desktop.objects.get(id=half_destroyed.id).state == "destroyed"
+    assert driver.status(half_destroyed.id).state == InstanceState.ABSENT
+    assert Desktop.objects.get(id=under_way.id).state == "stopping"
+    for desktop in (done_behind_our_back, under_way):
+        driver.destroy(desktop.id)
+
+
+def test_reconcile_removes_an_orphan_only_after_its_grace(db, driver):
+    driver.plant("dsk_orphan1111111111")
+    assert "dsk_orphan1111111111" in lifecycle.reconcile()["orphans"]
+    assert lifecycle.reconcile()["removed"] == []
+    assert driver.status("dsk_orphan1111111111").state == InstanceState.RUNNING
+    with time_machine.travel(timezone.now() + timedelta(seconds=settings.ORPHAN_GRACE + 1)):
+        assert lifecycle.reconcile()["removed"] == ["dsk_orphan1111111111"]
+    assert driver.status("dsk_orphan1111111111").state == InstanceState.ABSENT
+    assert AuditEvent.objects.filter(
+        action="reconcile.orphan_removed", target="dsk_orphan1111111111"
+    ).exists()
 
 
 def test_a_workspace_takes_at_most_its_share_of_lifecycle_slots(members, workspace, settings):

@@ -42,6 +42,10 @@ class DirectoryDriver(ComputeDriver):
     def from_env(cls, control_plane: ControlPlane) -> DirectoryDriver:
         return cls(os.environ["TEST_DRIVER_DIR"])
 
+    @property
+    def instance_id(self) -> str:
+        return f"directory:{self.root}"
+
     # Test helpers
 
     def inject_fault(

@@ -167,6 +167,12 @@ class ControlPlane:
 class ComputeDriver(abc.ABC):
     name: str = ""
 
+    @property
+    def instance_id(self) -> str:
+        """Which installation of the engine this is (a host, a cluster): two control planes, or two
+        hosts behind one, share a database, and each judges only the desktops its own engine holds."""
+        return self.name
+
     @classmethod
     def from_env(cls, control_plane: ControlPlane) -> ComputeDriver:
         """Build the driver from its own environment variables; engines with options override this."""

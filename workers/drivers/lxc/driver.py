@@ -14,6 +14,7 @@ import ipaddress
 import json
 import re
 import shutil
+import socket
 from pathlib import Path
 
 from workers.drivers.base import (
@@ -52,6 +53,10 @@ class LxcDriver(ComputeDriver):
     @classmethod
     def from_env(cls, control_plane: ControlPlane) -> LxcDriver:
         return cls(LxcConfig.from_env())
+
+    @property
+    def instance_id(self) -> str:
+        return f"lxc:{socket.gethostname()}:{self.config.state_dir}"
 
     # -- the interface ------------------------------------------------------------------------
 

@@ -87,6 +87,10 @@ class ProxmoxDriver(ComputeDriver):
 
     # -- the interface ------------------------------------------------------------------------
 
+    @property
+    def instance_id(self) -> str:
+        return f"proxmox:{self.config.host}"
+
     def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
         key = checked_key(spec.key)
         check_spec(spec, min_memory_mib=256)
