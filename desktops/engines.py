@@ -34,6 +34,12 @@ def engine_for_new_desktops() -> str:
     return settings.COMPUTE_DRIVER
 
 
+def engine_instance_for_new_desktops() -> str:
+    """The installation of that engine (a host, a cluster) new desktops go to: reconcile judges a desktop
+    only where it can see the installation that holds it."""
+    return engine(engine_for_new_desktops()).instance_id
+
+
 def control_plane() -> ControlPlane:
     return ControlPlane(ssh_key_path=Path(settings.CONTROL_PLANE_SSH_KEY), ssh_user=settings.DESKTOP_SSH_USER)
 

@@ -23,6 +23,7 @@ from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.guest import VNC_PASSWORD_FILE, control_plane_public_key, vnc_password_file
 from desktops.models import AuditEvent, Desktop, DesktopEvent, Workspace
 from desktops.models import DesktopState as S
+from desktops.queue import enqueue_step
 from workers.drivers.base import (
     IMAGE_MISSING,
     INVALID_SPEC,
@@ -129,41 +130,47 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
     return spec, api_token_hash(token)
 
 
-def desktop_step_slot(*, desktop_id: str, seconds: float) -> bool:
+def desktop_step_slot(*, desktop_id: str, seconds: float, holder: str) -> bool:
     """Take one of the workspace's slots for a step on this desktop, for at most `seconds`.
 
-    False when the workspace already has LIFECYCLE_STEPS_PER_WORKSPACE steps under way while another
+    False while another task (`holder` names this one) carries out a step on the desktop, and when
+    the workspace already has LIFECYCLE_STEPS_PER_WORKSPACE steps under way while another
     workspace's step waits: this step waits its turn without holding a worker, and the other goes
     first. With nobody else waiting the cap does not apply, so one tenant's burst uses every worker.
     """
     now = timezone.now()
     with transaction.atomic():
-        workspace_id = Desktop.objects.filter(id=desktop_id).values_list("workspace_id", flat=True).first()
-        if workspace_id is None:
+        desktop = Desktop.objects.select_for_update().filter(id=desktop_id).first()
+        if desktop is None:
             return True  # nothing left to do: the step finds out and ends
-        # Slots in one workspace are taken in turn, on its row.
-        Workspace.objects.select_for_update().filter(id=workspace_id).exists()
-        busy = Desktop.objects.filter(workspace_id=workspace_id, step_until__gt=now).exclude(id=desktop_id)
-        at_cap = busy.count() >= settings.LIFECYCLE_STEPS_PER_WORKSPACE
-        if at_cap and _steps_waiting_elsewhere(workspace_id, now):
+        if desktop.step_until and desktop.step_until > now and desktop.step_holder != holder:
             return False
-        Desktop.objects.filter(id=desktop_id).update(step_until=now + timedelta(seconds=seconds))
+        # Slots in one workspace are taken in turn, on its row.
+        Workspace.objects.select_for_update().filter(id=desktop.workspace_id).exists()
+        busy = Desktop.objects.filter(workspace_id=desktop.workspace_id, step_until__gt=now).exclude(
+            id=desktop_id
+        )
+        at_cap = busy.count() >= settings.LIFECYCLE_STEPS_PER_WORKSPACE
+        if at_cap and _steps_waiting_elsewhere(desktop.workspace_id, now):
+            return False
+        Desktop.objects.filter(id=desktop_id).update(
+            step_until=now + timedelta(seconds=seconds), step_holder=holder
+        )
     return True
 
 
 def _steps_waiting_elsewhere(workspace_id, now) -> bool:
     """Whether a desktop of another workspace is in a step that holds no slot yet (its task is queued)."""
-    under_way = {step.via for step in TRANSITIONS.values()}
     return (
-        Desktop.objects.filter(state__in=under_way)
+        Desktop.objects.filter(state__in=list(STEPS_BY_VIA))
         .exclude(workspace_id=workspace_id)
         .exclude(step_until__gt=now)
         .exists()
     )
 
 
-def desktop_step_slot_free(*, desktop_id: str) -> None:
-    Desktop.objects.filter(id=desktop_id).update(step_until=None)
+def desktop_step_slot_free(*, desktop_id: str, holder: str) -> None:
+    Desktop.objects.filter(id=desktop_id, step_holder=holder).update(step_until=None, step_holder="")
 
 
 def desktop_progress(desktop: Desktop, step: str) -> None:
@@ -296,12 +303,20 @@ VANISHED = _("The desktop's machine no longer exists on the compute engine.")
 def reconcile() -> dict[str, list[str]]:
     """Compare each engine installation this process reaches with the database.
 
-    A desktop the engine no longer has goes to `error`; one stuck in a step with no worker on it ends
-    in the state its engine shows, or in `error` with a reason; drift is reported. Instances the
+    A desktop the engine no longer has goes to `error`; a step with no worker on it past
+    LIFECYCLE_REQUEUE_AFTER is sent again (its task may have been lost), and past LIFECYCLE_STUCK_AFTER
+    ends in the state the engine shows, or in `error` with a reason; drift is reported. Instances the
     database does not know are reported, then removed once they have been seen for ORPHAN_GRACE.
     Each control plane judges only the desktops of the engine installations it can see.
     """
-    report: dict[str, list[str]] = {"drift": [], "vanished": [], "stuck": [], "orphans": [], "removed": []}
+    report: dict[str, list[str]] = {
+        "drift": [],
+        "vanished": [],
+        "requeued": [],
+        "stuck": [],
+        "orphans": [],
+        "removed": [],
+    }
     for name in engines_in_use():
         _reconcile_engine(name, report)
     return report
@@ -324,8 +339,12 @@ def _reconcile_engine(name: str, report: dict[str, list[str]]) -> None:
             Desktop.objects.filter(id=desktop.id).update(engine_instance=driver.instance_id)
         if desktop.state in STEADY:
             _reconcile_steady(desktop, instance, report)
-        elif _stuck(desktop, now):
+        elif _waiting_since(desktop, now, settings.LIFECYCLE_STUCK_AFTER):
             _reconcile_stuck(driver, desktop, instance, report)
+        elif _waiting_since(desktop, now, settings.LIFECYCLE_REQUEUE_AFTER):
+            # Its task may have been lost with the broker's memory: send another; copies wait their turn.
+            enqueue_step(desktop_id=desktop.id, action=STEPS_BY_VIA[desktop.state])
+            report["requeued"].append(desktop.id)
     known = set(live.values_list("id", flat=True))  # every installation's: never remove what is known
     for key in instances.keys() - known:
         _reconcile_orphan(driver, key, now, report)
@@ -352,9 +371,10 @@ def _reconcile_steady(
         )
 
 
-def _stuck(desktop: Desktop, now) -> bool:
+def _waiting_since(desktop: Desktop, now, seconds: float) -> bool:
+    """Whether the desktop has been in a step for `seconds` with no worker on it now."""
     under_way = desktop.step_until is not None and desktop.step_until > now
-    overdue = desktop.state_changed_at < now - timedelta(seconds=settings.LIFECYCLE_STUCK_AFTER)
+    overdue = desktop.state_changed_at < now - timedelta(seconds=seconds)
     return desktop.state in STEPS_BY_VIA and overdue and not under_way
 
 

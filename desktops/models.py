@@ -135,6 +135,9 @@ class Desktop(models.Model):
     # Set while a worker carries out a step for it (until the step's time limit at the latest): the
     # workspace's steps under way are counted from it, so that one workspace cannot fill the queue.
     step_until = models.DateTimeField(null=True, blank=True)
+    # The task holding that slot: a copy of the same message (redelivered after its worker died) takes
+    # the step over, another copy of the step (re-sent by reconcile) waits until the slot is free.
+    step_holder = models.CharField(max_length=64, blank=True)
     ssh_host_key = models.TextField(blank=True, help_text="Pinned on first contact, checked after")
     agent_token_hash = models.CharField(max_length=64, blank=True, help_text="HMAC of the helper's token")
     image = models.JSONField(default=dict, blank=True, help_text="The golden image it was made from")

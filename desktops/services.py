@@ -17,7 +17,7 @@ from billing.quotas import quota_check_action, quota_check_create
 from billing.services import subscription_start
 from desktops import crypto
 from desktops.audit import Actor, audit_record
-from desktops.engines import engine_for_new_desktops
+from desktops.engines import engine_for_new_desktops, engine_instance_for_new_desktops
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
 from desktops.labels import labels_checked
@@ -313,6 +313,7 @@ def desktop_create(
         name=name,
         image_profile=image_profile or settings.DEFAULT_IMAGE_PROFILE,
         driver=engine_for_new_desktops(),
+        engine_instance=engine_instance_for_new_desktops(),
         created_by=actor.user,
     )
     _validated(desktop, validate_constraints=True)

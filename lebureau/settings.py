@@ -219,7 +219,15 @@ CELERY_TASK_ROUTES = chat_routes(CELERY_CHAT_QUEUE)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+# A task whose worker died (kill -9, a lost machine) goes back to the queue once it has been unacknowledged
+# for the visibility timeout, which must outlast the longest step (930 s). Workers look for such tasks
+# every few seconds (a tenth of the timeout, at most every 10 s), not kombu's default of every 100 s.
+CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", 3600)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
+    "unacked_restore_interval": max(1, min(10, CELERY_VISIBILITY_TIMEOUT // 10)),
+    "unacked_restore_throttle": 1,
+}
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "workers.tasks.reconcile", "schedule": env.float("RECONCILE_INTERVAL", 60.0)},
 }
@@ -232,8 +240,10 @@ CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
 # followed at once, and lifecycle steps (create, start, stop…) carried out at once.
 CHAT_TURNS_PER_WORKSPACE = env.int("CHAT_TURNS_PER_WORKSPACE", 4)
 LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
-# Reconcile: a step under way this long with no worker on it was lost (the longest step's time limit is
+# Reconcile: a step waiting this long with no worker on it is sent again (its task may have been lost
+# with the broker's memory), and past the second it was lost for good (the longest step's time limit is
 # 930 s); an instance no desktop knows is removed once it has been seen this long.
+LIFECYCLE_REQUEUE_AFTER = env.int("LIFECYCLE_REQUEUE_AFTER", 120)
 LIFECYCLE_STUCK_AFTER = env.int("LIFECYCLE_STUCK_AFTER", 1800)
 ORPHAN_GRACE = env.int("ORPHAN_GRACE", 3600)
 CELERY_BEAT_SCHEDULE["chat-resume"] = {

@@ -129,8 +129,10 @@ def test_one_tenants_long_agent_turns_do_not_hold_up_anothers_stop(lxc_api, work
     queue and workers now."""
     from desktops.models import ChatMessage
     from tests.conftest import client_for
-    from tests.factories import api_key_for
+    from tests.factories import SubscriptionFactory, api_key_for
 
+    # Four running desktops: more than the free tier allows, which is not what is under test.
+    SubscriptionFactory(workspace=workspace)
     workspace.agent_command = "sleep 25; echo {message}"
     workspace.save(update_fields=["agent_command"])
     slow = [provision(lxc_api, f"slow-{i}") for i in range(4)]

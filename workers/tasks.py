@@ -62,14 +62,17 @@ SLOT_WAIT = 2
 
 def _step_task(action: str):
     def run(self, *, desktop_id: str) -> None:
-        if not lifecycle.desktop_step_slot(desktop_id=desktop_id, seconds=TIME_LIMITS[action] + 30):
-            # A fresh copy, later; this worker slot goes to another workspace's step meanwhile.
+        holder = self.request.id
+        if not lifecycle.desktop_step_slot(
+            desktop_id=desktop_id, seconds=TIME_LIMITS[action] + 30, holder=holder
+        ):
+            # A fresh copy, later; this worker slot goes to another step meanwhile.
             self.apply_async(kwargs={"desktop_id": desktop_id}, countdown=SLOT_WAIT)
             return
         try:
             up = lifecycle.desktop_run_step(desktop_id=desktop_id, action=action)
         finally:
-            lifecycle.desktop_step_slot_free(desktop_id=desktop_id)
+            lifecycle.desktop_step_slot_free(desktop_id=desktop_id, holder=holder)
         if up and action in CONFIGURE_AFTER:
             agent_configure.delay(desktop_id=desktop_id)
 

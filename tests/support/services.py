@@ -37,8 +37,13 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 20) -> 
 
 
 def workers_answering(app, prefix: str) -> bool:
-    """Whether a Celery worker whose node name starts with `prefix` answers a ping."""
-    return any(name.startswith(prefix) for reply in app.control.ping(timeout=0.5) for name in reply)
+    """Whether a Celery worker whose node name starts with `prefix` answers a ping (not yet, while the
+    broker itself is coming back)."""
+    try:
+        replies = app.control.ping(timeout=0.5)
+    except app.connection_for_write().connection_errors:
+        return False
+    return any(name.startswith(prefix) for reply in replies for name in reply)
 
 
 @contextmanager
@@ -71,8 +76,11 @@ def patched_environ(values: dict[str, str]):
 def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Path, ready):
     """Run one of the control plane's processes for the suite, until `ready()` is true."""
     log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (lives with the process)
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
+    # A session of its own: a test may kill the process and its children at once, as a crash would.
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.monotonic() + 120
     while not ready():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
