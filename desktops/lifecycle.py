@@ -298,12 +298,15 @@ def desktop_step_failed(*, desktop_id: str, action: str, message: str, detail: s
 # What becomes of a desktop whose step has been under way past LIFECYCLE_STUCK_AFTER with no worker on it.
 STUCK = _("The %(step)s step did not finish (its worker was lost); check the desktop and try again.")
 VANISHED = _("The desktop's machine no longer exists on the compute engine.")
+RESTARTED = _("The desktop was stopped outside Le Bureau (its host restarted?): it is started again.")
+LOST = _("The desktop was stopped outside Le Bureau (its host restarted?): what it held in memory is lost.")
 
 
 def reconcile() -> dict[str, list[str]]:
     """Compare each engine installation this process reaches with the database.
 
-    A desktop the engine no longer has goes to `error`; a step with no worker on it past
+    A desktop the engine no longer has goes to `error`; a running desktop found stopped (its host
+    restarted) is started again, a suspended one is recorded as stopped; a step with no worker on it past
     LIFECYCLE_REQUEUE_AFTER is sent again (its task may have been lost), and past LIFECYCLE_STUCK_AFTER
     ends in the state the engine shows, or in `error` with a reason; drift is reported. Instances the
     database does not know are reported, then removed once they have been seen for ORPHAN_GRACE.
@@ -312,6 +315,7 @@ def reconcile() -> dict[str, list[str]]:
     report: dict[str, list[str]] = {
         "drift": [],
         "vanished": [],
+        "restarted": [],
         "requeued": [],
         "stuck": [],
         "orphans": [],
@@ -364,6 +368,23 @@ def _reconcile_steady(
             reason=message,
             last_error=message,
         )
+    elif instance.state == InstanceState.STOPPED and desktop.state in (S.RUNNING, S.SUSPENDED):
+        # Stopped behind the control plane's back (the host restarted): a running desktop is brought
+        # back, a suspended one has lost its memory and is stopped.
+        report["restarted" if desktop.state == S.RUNNING else "drift"].append(desktop.id)
+        if desktop.state == S.RUNNING:
+            if transition(
+                desktop_id=desktop.id,
+                sources={S.RUNNING},
+                target=S.STARTING,
+                actor=SYSTEM,
+                reason=str(RESTARTED),
+            ):
+                enqueue_step(desktop_id=desktop.id, action="start")
+        else:
+            transition(
+                desktop_id=desktop.id, sources={S.SUSPENDED}, target=S.STOPPED, actor=SYSTEM, reason=str(LOST)
+            )
     elif instance.state != STEADY[desktop.state]:
         report["drift"].append(desktop.id)
         logger.warning(

@@ -189,6 +189,25 @@ def test_reconcile_judges_only_the_desktops_of_the_engine_installation_it_sees(w
         driver.destroy(key)
 
 
+def test_after_a_host_restart_reconcile_starts_running_desktops_again(api, driver):
+    running = create(api, "rebooted")
+    suspended = create(api, "was-suspended")
+    wait_for_state(running, "running")
+    wait_for_state(suspended, "running")
+    act(api, suspended, "suspend")
+    wait_for_state(suspended, "suspended")
+    for key in (running, suspended):
+        driver.power_off(key)
+    report = lifecycle.reconcile()
+    assert report["restarted"] == [running]
+    wait_for_state(running, "running")
+    assert driver.status(running).state == InstanceState.RUNNING
+    events = DesktopEvent.objects.filter(desktop_id=running).order_by("created_at")
+    assert list(events.values_list("to_state", flat=True))[-3:] == ["running", "starting", "running"]
+    stopped = Desktop.objects.get(id=suspended)
+    assert stopped.state == "stopped" and "memory" in stopped.events.order_by("created_at").last().reason
+
+
 def stuck_in(workspace, driver, state: str, instance: InstanceState | None) -> Desktop:
     """A desktop whose worker was lost in the middle of a step, long ago."""
     desktop = DesktopFactory(workspace=workspace, state=state, engine_instance=driver.instance_id)

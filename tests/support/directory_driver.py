@@ -58,6 +58,12 @@ class DirectoryDriver(ComputeDriver):
         """Create an instance behind the control plane's back (an orphan, for reconcile tests)."""
         self._save(key, {"hostname": key, "state": state, "ip": self._ip(key), "policy": None})
 
+    def power_off(self, key: str) -> None:
+        """Stop the instance behind the control plane's back, as a restart of its host does."""
+        data = self._require(key)
+        data["state"] = InstanceState.STOPPED
+        self._save(key, data)
+
     def vanish(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
