@@ -34,6 +34,7 @@ BENCHES: dict[str, list[str]] = {
     "proxmox": ["bench/proxmox.py"],
     "provision_driver": ["bench/provision_driver.py"],
     "provision": ["bench/provision.py"],
+    "fleet": ["bench/fleet.py"],
     "relay": ["bench/relay.py"],
     "chat": ["bench/chat.py"],
 }

@@ -179,9 +179,10 @@ def node_answers(node: str) -> bool:
 
 
 @contextmanager
-def web_server(driver_dir: Path, basetemp: Path, **extra: str):
-    """Daphne serving the whole ASGI app (pages, API, relays) on a free loopback port; yields its URL."""
-    port = free_port()
+def web_server(driver_dir: Path, basetemp: Path, port: int | None = None, **extra: str):
+    """Daphne serving the whole ASGI app (pages, API, relays) on a loopback port (a free one unless
+    given: a test restarting the server gives the same one); yields its URL."""
+    port = port or free_port()
     args = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
     env = service_env(driver_dir, basetemp, **extra)
     with service_process(f"daphne-{port}", args, env, basetemp, lambda: port_open(port)):

@@ -10,10 +10,11 @@ import pytest
 from playwright.sync_api import expect
 
 from desktops.models import Role
-from tests.conftest import LXC_IMAGE
+from tests.conftest import LXC_IMAGE, web_server
 from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
 from tests.factories import MembershipFactory
 from tests.support.desktops import provision, run
+from tests.support.services import free_port
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -88,3 +89,28 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     )
     expect(page.locator("#screen-status")).to_contain_text("stopped", timeout=30000)
     screenshot(page, "viewer-07-stopped")
+
+
+def test_open_viewers_reconnect_by_themselves_after_the_web_server_restarts(
+    page, lxc_api, workspace, driver_dir, tmp_path
+):
+    desktop = provision(lxc_api, "e2e-restart")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    let_the_network_settle(page)
+    port = free_port()
+    with web_server(driver_dir, tmp_path, port=port) as site:
+        log_in(page, site, member.user.email)
+        page.goto(f"{site}/desktops/{desktop.id}/")
+        expect(page.locator("#screen canvas")).to_be_visible(timeout=30000)
+        expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
+        expect(page.locator("#terminal-status")).to_be_hidden(timeout=15000)
+    # Both relays went with the server: the page says so and keeps trying.
+    expect(page.locator("#screen-status")).to_be_visible(timeout=10000)
+    screenshot(page, "viewer-restart-01-down")
+    with web_server(driver_dir, tmp_path, port=port):
+        expect(page.locator("#screen-status")).to_be_hidden(timeout=45000)
+        expect(page.locator("#terminal-status")).to_be_hidden(timeout=45000)
+        page.click("#terminal")
+        page.keyboard.type("echo back-$((40+2))\n", delay=10)
+        expect(page.locator("#terminal .xterm-rows")).to_contain_text("back-42", timeout=10000)
+        screenshot(page, "viewer-restart-02-back")
