@@ -1,12 +1,15 @@
 """Relay benchmark: the VNC and terminal relays against going straight to the desktop.
 
-    .venv/bin/python bench/relay.py [--updates 40] [--pings 2000] [--keystrokes 300]
+    .venv/bin/python bench/relay.py [--updates 80] [--pings 2000] [--keystrokes 300]
 
 Runs a real Xvnc (1920x1080, an xterm on it) and sshd on loopback, and the control plane's own
 daphne in front of them, exactly as a desktop is served. Prints, in one run:
   - throughput of full-screen framebuffer updates, through the relay vs straight TCP, both as
     Raw pixels (the relay's worst case: no encoding work, pure copying) and as ZRLE (compressed,
     as VNC viewers ask for it);
+  - the relay's own CPU per MiB of the Raw stream delivered, beside two references on the same
+    stream: a bare ASGI relay under daphne (`bench/bare_relay.py`, the floor of any relay on our
+    server) and websockify (noVNC's relay);
   - round trip of a small request (a 1x1 non-incremental update), p50 / p99, relay vs direct;
   - terminal keystroke echo through the relay (p50 / p99) vs a direct SSH channel.
 It uses the bench database (`bench/database.py`) and removes the rows it made.
@@ -22,6 +25,7 @@ import struct
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +116,19 @@ class RfbReader:
         return size
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user + system) of the processes of a process group: a relay and any child it forks."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:  # pgrp, then utime and stime at 11 and 12
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all cores since boot, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -120,19 +137,31 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+@dataclass
+class Run:
+    throughput: float  # bytes a second
+    rtts: list[float]  # ms
+    cpu_busy: float  # share of all cores
+    relay_cpu_ms_per_mib: float | None  # the relay's own CPU per MiB delivered
+
+
 async def measure(
-    reader: RfbReader, send, updates: int, pings: int, encoding: int
-) -> tuple[float, list[float], float]:
+    reader: RfbReader, send, updates: int, pings: int, encoding: int, relay_pgid: int | None = None
+) -> Run:
     await reader.handshake(send, encoding)
     await send(update_request(0, WIDTH, HEIGHT))
     await reader.update()  # warm-up
     # Request, then read the whole update, as a viewer does (a server merges outstanding requests).
     start, total, (busy0, all0) = time.perf_counter(), 0, cpu_ticks()
+    relay0 = group_cpu_seconds(relay_pgid) if relay_pgid else 0.0
     for _ in range(updates):
         await send(update_request(0, WIDTH, HEIGHT))
         total += await reader.update()
     throughput = total / (time.perf_counter() - start)
     busy1, all1 = cpu_ticks()
+    relay_cost = None
+    if relay_pgid:
+        relay_cost = 1000 * (group_cpu_seconds(relay_pgid) - relay0) / (total / 2**20)
     # How much of the machine (all cores) the stream kept busy: near 100% means CPU-bound.
     cpu_busy = (busy1 - busy0) / max(1, all1 - all0)
     rtts = []
@@ -141,7 +170,7 @@ async def measure(
         await send(update_request(0, 1, 1))
         await reader.update()
         rtts.append((time.perf_counter() - t0) * 1000)
-    return throughput, rtts, cpu_busy
+    return Run(throughput, rtts, cpu_busy, relay_cost)
 
 
 async def direct(port: int, updates: int, pings: int, encoding: int):
@@ -157,15 +186,15 @@ async def direct(port: int, updates: int, pings: int, encoding: int):
         w.close()
 
 
-def connect(url: str, ticket: str):
+def connect(url: str, ticket: str | None):
     """A relay opened as a browser does: the single-use ticket as a subprotocol."""
-    protocols = ["binary", f"lebureau.ticket.{ticket}"]
+    protocols = ["binary"] + ([f"lebureau.ticket.{ticket}"] if ticket else [])
     return websockets.connect(url, max_size=None, origin="http://127.0.0.1", subprotocols=protocols)
 
 
-async def relayed(url: str, ticket: str, updates: int, pings: int, encoding: int):
+async def relayed(url: str, ticket: str | None, updates: int, pings: int, encoding: int, pgid: int):
     async with connect(url, ticket) as ws:
-        return await measure(RfbReader(ws.recv), ws.send, updates, pings, encoding)
+        return await measure(RfbReader(ws.recv), ws.send, updates, pings, encoding, pgid)
 
 
 async def terminal_echo(url: str, ticket: str, keystrokes: int) -> list[float]:
@@ -208,6 +237,24 @@ def direct_echo(desktop_id: str, keystrokes: int) -> list[float]:
         return times
 
 
+def reference_relays(vnc_port: int) -> dict[str, list[str]]:
+    """The commands of the relays the project's is read against, each listening on {port}."""
+    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"]
+    return {
+        "bare ASGI relay under daphne": [*daphne, "bench.bare_relay:application"],
+        "websockify": [sys.executable, "-m", "websockify", "127.0.0.1:{port}", f"127.0.0.1:{vnc_port}"],
+    }
+
+
+def reference_cost(command: list[str], env: dict[str, str], workdir: Path, args) -> float:
+    """A reference relay's CPU per MiB of the same Raw stream, in ms."""
+    port = real.free_port()
+    command = [part.replace("{port}", str(port)) for part in command]
+    with service_process(f"reference-{port}", command, env, workdir, lambda: real.port_open(port)) as relay:
+        run = asyncio.run(relayed(f"ws://127.0.0.1:{port}/", None, args.updates, 10, RAW, relay.pid))
+    return run.relay_cpu_ms_per_mib
+
+
 def mint(user, desktop):
     return relay_tickets_mint(actor=Actor(user=user), desktop_id=desktop.id, mode="control")
 
@@ -216,7 +263,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--updates", type=int, default=80)
     parser.add_argument("--pings", type=int, default=2000)
     parser.add_argument("--keystrokes", type=int, default=300)
     args = parser.parse_args()
@@ -258,19 +305,25 @@ def main() -> None:
                 str(port),
                 "lebureau.asgi:application",
             ]
-            with service_process("daphne", daphne, env, workdir, lambda: real.port_open(port)):
+            with service_process("daphne", daphne, env, workdir, lambda: real.port_open(port)) as ours:
                 base = f"ws://127.0.0.1:{port}/ws/desktops/{desktop.id}"
                 runs = {}
                 for name, encoding in (("Raw", RAW), ("ZRLE", ZRLE)):
                     direct_run = asyncio.run(direct(vnc_port, args.updates, args.pings, encoding))
                     relay = relayed(
-                        f"{base}/vnc", mint(user, desktop).vnc, args.updates, args.pings, encoding
+                        f"{base}/vnc", mint(user, desktop).vnc, args.updates, args.pings, encoding, ours.pid
                     )
                     runs[name] = (direct_run, asyncio.run(relay))
                 r_echo = asyncio.run(
                     terminal_echo(f"{base}/terminal", mint(user, desktop).terminal, args.keystrokes)
                 )
                 d_echo = direct_echo(desktop.id, args.keystrokes)
+            references = {
+                name: reference_cost(
+                    command, {**env, "BARE_RELAY_TARGET": f"127.0.0.1:{vnc_port}"}, workdir, args
+                )
+                for name, command in reference_relays(vnc_port).items()
+            }
     finally:
         desktop.delete()
         workspace.delete()
@@ -278,14 +331,22 @@ def main() -> None:
 
     mib = 1024 * 1024
     cores = os.cpu_count()
-    for name, ((d_tp, _, d_cpu), (r_tp, _, r_cpu)) in runs.items():
+    for name, (d, r) in runs.items():
         print(f"VNC full-screen {name} updates ({WIDTH}x{HEIGHT}, 32 bpp, {args.updates} updates)")
-        print(f"  direct TCP : {d_tp / mib:8.1f} MiB/s   all {cores} cores {100 * d_cpu:3.0f}% busy")
+        print(f"  direct TCP : {d.throughput / mib:8.1f} MiB/s   {cores} cores {100 * d.cpu_busy:3.0f}% busy")
         print(
-            f"  via relay  : {r_tp / mib:8.1f} MiB/s   all {cores} cores {100 * r_cpu:3.0f}% busy"
-            f"  ({100 * r_tp / d_tp:.0f}% of direct; target >= 80%)"
+            f"  via relay  : {r.throughput / mib:8.1f} MiB/s   {cores} cores {100 * r.cpu_busy:3.0f}% busy"
+            f"  ({100 * r.throughput / d.throughput:.0f}% of direct)"
         )
-    (_, d_rtt, _), (_, r_rtt, _) = runs["Raw"]
+    ours = runs["Raw"][1].relay_cpu_ms_per_mib
+    floor = references["bare ASGI relay under daphne"]
+    print("Relay CPU per MiB of the Raw stream delivered (user + system time of the relay's processes)")
+    print(
+        f"  the screen relay            : {ours:6.2f} ms/MiB  ({ours / floor:.2f}x the floor: target 1.25x)"
+    )
+    for name, cost in references.items():
+        print(f"  {name:<28}: {cost:6.2f} ms/MiB")
+    d_rtt, r_rtt = runs["Raw"][0].rtts, runs["Raw"][1].rtts
     print(f"Small request round trip ({args.pings} x 1x1 update)")
     print(f"  direct TCP : p50 {statistics.median(d_rtt):.3f} ms  p99 {percentile(d_rtt, 0.99):.3f} ms")
     print(f"  via relay  : p50 {statistics.median(r_rtt):.3f} ms  p99 {percentile(r_rtt, 0.99):.3f} ms")
@@ -303,10 +364,15 @@ def main() -> None:
     record(
         *(
             Figure(
-                f"VNC {name} updates through the relay, share of direct TCP", 100 * r_tp / d_tp, "%", 80, True
+                f"VNC {name} updates through the relay, share of direct TCP",
+                100 * r.throughput / d.throughput,
+                "%",
             )
-            for name, ((d_tp, _, _), (r_tp, _, _)) in runs.items()
+            for name, (d, r) in runs.items()
         ),
+        Figure("screen relay CPU per MiB, times the bare daphne relay's", ours / floor, "x", 1.25),
+        Figure("screen relay CPU per MiB", ours, "ms/MiB"),
+        *(Figure(f"{name} CPU per MiB (reference)", cost, "ms/MiB") for name, cost in references.items()),
         Figure("VNC small request round trip added by the relay, p50", added, "ms", 2),
         Figure("terminal keystroke echo through the relay, p50", statistics.median(r_echo), "ms", 10),
     )
