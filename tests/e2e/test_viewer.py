@@ -104,12 +104,16 @@ def test_open_viewers_reconnect_by_themselves_after_the_web_server_restarts(
         expect(page.locator("#screen canvas")).to_be_visible(timeout=30000)
         expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
         expect(page.locator("#terminal-status")).to_be_hidden(timeout=15000)
+        page.click("#mode-control")
+        expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
     # Both relays went with the server: the page says so and keeps trying.
     expect(page.locator("#screen-status")).to_be_visible(timeout=10000)
     screenshot(page, "viewer-restart-01-down")
     with web_server(driver_dir, tmp_path, port=port):
         expect(page.locator("#screen-status")).to_be_hidden(timeout=45000)
         expect(page.locator("#terminal-status")).to_be_hidden(timeout=45000)
+        # Back in the mode the person had chosen: the keys reach the shell.
+        expect(page.locator("#mode-control")).to_have_attribute("aria-pressed", "true")
         page.click("#terminal")
         page.keyboard.type("echo back-$((40+2))\n", delay=10)
         expect(page.locator("#terminal .xterm-rows")).to_contain_text("back-42", timeout=10000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -90,7 +91,12 @@ def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Pa
         yield process
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            # As a service manager does with a server that keeps long-lived streams open past its stop.
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         log.close()
 
 
