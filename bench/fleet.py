@@ -20,6 +20,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from requests.adapters import HTTPAdapter
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.provision import Bench
@@ -72,6 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     with control_plane("fleet", concurrency=args.workers) as stack:
         bench = Bench(stack.base, stack.key, poll=0.5)
+        bench.http.mount("http://", HTTPAdapter(pool_maxsize=args.burst))  # one connection per create
         try:
             wall = time.perf_counter()
             with ThreadPoolExecutor(max_workers=args.burst) as pool:
