@@ -23,4 +23,5 @@ COPY manage.py ./
 COPY --from=browser-libraries /app/missioncontrol/static/vendor missioncontrol/static/vendor
 RUN pip install --no-cache-dir --no-deps . && python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "lebureau.asgi:application"]
+# The web server takes its database connections from a pool (see DATABASE_POOL_MAX in the settings).
+CMD ["sh", "-c", "DATABASE_POOL_MAX=${DATABASE_POOL_MAX:-20} exec daphne -b 0.0.0.0 -p 8000 lebureau.asgi:application"]

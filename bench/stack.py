@@ -89,13 +89,14 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     lifecycle = [*worker, "-Q", queue, "-c", str(concurrency), "-n", f"lifecycle-{run}@%h"]
     chat = [*worker, "-Q", chat_queue, "--pool", "threads", "-c", "8", "-n", f"chat-{run}@%h"]
     web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
+    web_env = {**env, "DATABASE_POOL_MAX": "20"}  # as the Procfile's web process
     try:
         with (
             service_process(
                 "worker", lifecycle, env, logs, lambda: workers_answering(celery_app, f"lifecycle-{run}@")
             ),
             service_process("chat", chat, env, logs, lambda: workers_answering(celery_app, f"chat-{run}@")),
-            service_process("daphne", web, env, logs, lambda: port_open(port)),
+            service_process("daphne", web, web_env, logs, lambda: port_open(port)),
         ):
             try:
                 yield Stack(f"http://127.0.0.1:{port}", key, user, workspace)

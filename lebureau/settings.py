@@ -120,6 +120,17 @@ TEMPLATES = [
 
 DATABASES = {"default": env.dj_db_url("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lebureau")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", 60)
+# The web server runs each request in a thread of its own: without a pool, a burst of requests opens
+# as many connections and PostgreSQL refuses the ones past max_connections (a 500 each). With a pool
+# (the Procfile's web process sets it), requests wait their turn for one of at most this many.
+DATABASE_POOL_MAX = env.int("DATABASE_POOL_MAX", 0)
+if DATABASE_POOL_MAX:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_MAX,
+        "timeout": env.float("DATABASE_POOL_TIMEOUT", 30.0),
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", "redis://127.0.0.1:6379/0")
