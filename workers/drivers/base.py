@@ -72,6 +72,17 @@ def no_progress(step: ProvisionStep) -> None:
 
 
 @dataclass(frozen=True)
+class NetworkPolicy:
+    """Egress rules for one desktop; desktops never reach each other whatever this says."""
+
+    allow_internet: bool = True
+    allowed_cidrs: tuple[str, ...] = ()
+    # Names whose current addresses are allowed, for services whose addresses change; engines that
+    # support them re-resolve them periodically.
+    allowed_domains: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InstanceSpec:
     """What ``provision`` needs: the plan's caps and how the control plane gets in."""
 
@@ -84,6 +95,8 @@ class InstanceSpec:
     image_profile: str = "minimal"
     # The workspace the desktop belongs to, for engines that spread a workspace's desktops.
     workspace: str = ""
+    # Where the desktop may connect from its first boot on (later changes: ``apply_network_policy``).
+    network_policy: NetworkPolicy = field(default_factory=NetworkPolicy)
     # Extra files written into the guest at provision (path -> text or bytes), e.g. the
     # desktop-scoped token of the `bureau` helper.
     files: dict[str, str | bytes] = field(default_factory=dict)
@@ -116,17 +129,6 @@ class ConsoleTicket:
 class InstanceUsage:
     memory_bytes: int
     cpu_seconds: float
-
-
-@dataclass(frozen=True)
-class NetworkPolicy:
-    """Egress rules for one desktop; desktops never reach each other whatever this says."""
-
-    allow_internet: bool = True
-    allowed_cidrs: tuple[str, ...] = ()
-    # Names whose current addresses are allowed, for services whose addresses change; engines that
-    # support them re-resolve them periodically.
-    allowed_domains: tuple[str, ...] = ()
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
