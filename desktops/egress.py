@@ -50,9 +50,12 @@ PRESET_ENTRIES = (
     "crates.io",
     "index.crates.io",
     "static.crates.io",
+    # Named one by one rather than by wildcard: the Proxmox engine allows names by their addresses.
     "github.com",
-    "*.github.com",
-    "*.githubusercontent.com",
+    "api.github.com",
+    "codeload.github.com",
+    "objects.githubusercontent.com",
+    "raw.githubusercontent.com",
 )
 PROVIDER_HOSTS = {
     LLMProvider.ANTHROPIC: "api.anthropic.com",
@@ -79,21 +82,35 @@ class Egress:
     updated_at: datetime | None = None
     updated_by: str = ""
 
+    @property
+    def mode_label(self) -> str:
+        return EgressMode(self.mode).label
+
     def network_policy(self) -> NetworkPolicy:
         """What the engine enforces."""
         if self.mode == EgressMode.OPEN:
             return NetworkPolicy()
         if self.mode == EgressMode.DENY:
             return NetworkPolicy(allow_internet=False)
-        cidrs = tuple(e for e in self.entries if _is_network(e))
-        domains = [e for e in self.entries if not _is_network(e)]
+        entries = list(self.entries)
         if self.allow_llm_providers:
-            domains += [h for h in self.llm_hosts if h not in domains]
-        return NetworkPolicy(allow_internet=False, allowed_cidrs=cidrs, allowed_domains=tuple(domains))
+            # A key's base URL may name its server by address: that is a network of one.
+            entries += [f"{h}/32" if _is_address(h) else h for h in self.llm_hosts]
+        cidrs = [e for e in entries if "/" in e]  # stored networks always carry their prefix length
+        domains = [e for e in entries if "/" not in e]
+        return NetworkPolicy(
+            allow_internet=False,
+            allowed_cidrs=tuple(dict.fromkeys(cidrs)),
+            allowed_domains=tuple(dict.fromkeys(domains)),
+        )
 
 
-def _is_network(entry: str) -> bool:
-    return "/" in entry  # stored networks always carry their prefix length
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def entries_checked(entries: list[str]) -> list[str]:
@@ -153,7 +170,13 @@ def _egress(policy: EgressPolicy | None, workspace_id: str, *, inherited: bool =
     llm_hosts = llm_hosts_of(workspace_id)
     if policy is None:
         # Workspaces made before egress policies existed keep the open internet they had.
-        return Egress(mode=EgressMode.OPEN, entries=(), allow_llm_providers=True, llm_hosts=llm_hosts)
+        return Egress(
+            mode=EgressMode.OPEN,
+            entries=(),
+            allow_llm_providers=True,
+            llm_hosts=llm_hosts,
+            inherited=inherited,
+        )
     return Egress(
         mode=policy.mode,
         entries=tuple(policy.entries),

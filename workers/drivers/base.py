@@ -72,6 +72,15 @@ def no_progress(step: ProvisionStep) -> None:
 
 
 @dataclass(frozen=True)
+class BlockedDestination:
+    """An address an instance tried to reach and its egress policy refused."""
+
+    address: str
+    packets: int
+    seconds_ago: int
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     """Egress rules for one desktop; desktops never reach each other whatever this says."""
 
@@ -206,6 +215,11 @@ class ComputeDriver(abc.ABC):
 
     @abc.abstractmethod
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None: ...
+
+    def blocked_egress(self, key: str) -> list[BlockedDestination] | None:
+        """What the instance tried to reach and its egress policy refused, the latest first; None where
+        the engine cannot tell."""
+        return None
 
     def usage(self, key: str) -> InstanceUsage | None:
         """What the instance uses now, where the engine can tell; None where it cannot."""
