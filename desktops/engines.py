@@ -18,6 +18,7 @@ from desktops.errors import Unavailable
 from desktops.models import Desktop, DesktopState
 from workers.drivers import DRIVERS, driver_class
 from workers.drivers.base import (
+    BlockedDestination,
     ComputeDriver,
     ConsoleTicket,
     ControlPlane,
@@ -76,6 +77,15 @@ def desktop_resource_usage(desktop: Desktop) -> InstanceUsage | None:
     try:
         return engine(desktop.driver).usage(desktop.id)
     except (ImproperlyConfigured, DriverError):
+        return None
+
+
+def desktop_blocked_egress(desktop: Desktop) -> list[BlockedDestination] | None:
+    """What the desktop tried to reach and its policy refused, the latest first, if its engine can tell."""
+    try:
+        return engine(desktop.driver).blocked_egress(desktop.id)
+    except (ImproperlyConfigured, DriverError) as exc:
+        logger.warning("could not read what %s was refused: %s", desktop.id, exc)
         return None
 
 
