@@ -34,6 +34,7 @@ BENCHES: dict[str, list[str]] = {
     "proxmox": ["bench/proxmox.py"],
     "provision_driver": ["bench/provision_driver.py"],
     "provision": ["bench/provision.py"],
+    "egress": ["bench/egress.py"],
     "relay": ["bench/relay.py"],
     "chat": ["bench/chat.py"],
 }
