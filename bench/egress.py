@@ -87,7 +87,7 @@ def main() -> None:
         egress = f"{stack.base}/api/workspaces/{stack.workspace.id}/egress"
         api.put(egress, json={"mode": "deny"}).raise_for_status()
         made = api.post(f"{stack.base}/api/desktops", json={"name": "fenced", "imageProfile": "minimal"})
-        made.raise_for_status()
+        assert made.status_code == 201, made.text
         url = f"{stack.base}/api/desktops/{made.json()['id']}"
         deadline = time.monotonic() + 180
         while (desktop := api.get(url).json())["state"] != "running":
