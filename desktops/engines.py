@@ -18,7 +18,7 @@ from desktops.errors import Unavailable
 from desktops.models import Desktop, DesktopState
 from workers.drivers import DRIVERS, driver_class
 from workers.drivers.base import (
-    BlockedDestination,
+    BlockedEgress,
     ComputeDriver,
     ConsoleTicket,
     ControlPlane,
@@ -80,7 +80,7 @@ def desktop_resource_usage(desktop: Desktop) -> InstanceUsage | None:
         return None
 
 
-def desktop_blocked_egress(desktop: Desktop) -> list[BlockedDestination] | None:
+def desktop_blocked_egress(desktop: Desktop) -> BlockedEgress | None:
     """What the desktop tried to reach and its policy refused, the latest first, if its engine can tell."""
     try:
         return engine(desktop.driver).blocked_egress(desktop.id)

@@ -52,8 +52,6 @@ from missioncontrol.exports import safe_cell
 from missioncontrol.streams import watched
 
 LIVE_STATES = {DesktopState.RUNNING}
-# The latest destinations a desktop was refused, on its page.
-BLOCKED_SHOWN = 20
 PAGE_SIZE = 100
 
 
@@ -282,7 +280,7 @@ def desktop(request, desktop_id):
         schedule_form=forms.ScheduleForm(),
         can_manage=request.role.rank >= Role.ADMIN.rank,
         egress=(policy := egress.egress_of_desktop(desktop=found)),
-        blocked=(desktop_blocked_egress(found) or [])[:BLOCKED_SHOWN],
+        blocked=desktop_blocked_egress(found),
         egress_form=forms.DesktopEgressForm(initial=_egress_initial(request, policy, inherit=True)),
     )
 

@@ -57,8 +57,9 @@ def test_a_policy_set_in_the_api_holds_in_a_running_desktop_within_seconds(
     # Counted, and shown on the desktop's page.
     viewer = Client()
     viewer.force_login(members[Role.VIEWER].user)
-    blocked = viewer.get(f"/desktops/{desktop.id}/").content.decode().split('id="blocked-egress"')[1]
-    assert f"<code>{BLOCKED}</code>" in blocked.split("</table>")[0]
+    page = viewer.get(f"/desktops/{desktop.id}/").content.decode()
+    assert "<code>blocked.test</code>" in page.split('id="blocked-names"')[1].split("</table>")[0]
+    assert f"<code>{BLOCKED}</code>" in page.split('id="blocked-egress"')[1].split("</table>")[0]
 
     # Open, for the workspace: the running desktop follows, without a restart.
     assert (

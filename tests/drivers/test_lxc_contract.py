@@ -404,9 +404,11 @@ def test_an_allow_list_holds_for_packets_not_only_for_names(
     assert fetch("http://allowed.test/") == f"stand-in {ALLOWED}"
     assert fetch("http://blocked.test/") is None
     assert fetch(f"http://{BLOCKED}/") is None, "a blocked host was reached by its address"
-    refused = {b.address: b for b in lxc_driver.blocked_egress(spec.key)}
-    assert refused[BLOCKED].packets >= 1 and refused[BLOCKED].seconds_ago < 60
-    assert ALLOWED not in refused
+    refused = lxc_driver.blocked_egress(spec.key)
+    addresses = {b.address: b for b in refused.addresses}
+    assert addresses[BLOCKED].packets >= 1 and addresses[BLOCKED].seconds_ago < 60
+    assert ALLOWED not in addresses
+    assert refused.names == (("blocked.test", 1),)
     # Asking another resolver gets the desktop's own answers, root or not.
     assert ask("blocked.test", RESOLVER) == "3"
     assert (

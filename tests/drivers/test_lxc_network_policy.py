@@ -8,7 +8,7 @@ import pytest
 
 from workers.drivers.base import DriverError, NetworkPolicy
 from workers.drivers.lxc import LxcConfig, LxcDriver
-from workers.drivers.lxc.resolver import render_conf
+from workers.drivers.lxc.resolver import LOG, refused_names, render_conf, trim_log
 
 
 @pytest.fixture
@@ -46,6 +46,7 @@ def conf(**policy) -> str:
         upstreams=("192.0.2.53", "198.51.100.53"),
         nftset="inet#lebureau_dns#allow_lbv1",
         pid_file=Path("/run/x.pid"),
+        log_file=Path("/run/x.log"),
         **fields,
     )
 
@@ -68,3 +69,31 @@ def test_deny_all_answers_no_name():
     lines = conf().splitlines()
     assert "address=/#/" in lines
     assert not any(line.startswith(("server=", "nftset=")) for line in lines)
+
+
+LOG_LINES = """Dec  1 13:20:30 dnsmasq[27512]: started, version 2.90 cache disabled
+Dec  1 13:20:31 dnsmasq[27512]: query[A] blocked.test from 10.9.0.5
+Dec  1 13:20:31 dnsmasq[27512]: config blocked.test is NXDOMAIN
+Dec  1 13:20:31 dnsmasq[27512]: query[AAAA] blocked.test from 10.9.0.5
+Dec  1 13:20:31 dnsmasq[27512]: config blocked.test is NXDOMAIN
+Dec  1 13:20:31 dnsmasq[27512]: query[A] allowed.test from 10.9.0.5
+Dec  1 13:20:31 dnsmasq[27512]: forwarded allowed.test to 192.0.2.53
+Dec  1 13:20:31 dnsmasq[27512]: reply allowed.test is 203.0.113.80
+Dec  1 13:20:32 dnsmasq[27512]: query[A] exfil.example.org from 10.9.0.5
+Dec  1 13:20:32 dnsmasq[27512]: config exfil.example.org is NXDOMAIN
+Dec  1 13:20:33 dnsmasq[27512]: query[A] blocked.test from 10.9.0.5
+Dec  1 13:20:33 dnsmasq[27512]: config blocked.test is NXDOMAIN
+"""
+
+
+def test_the_names_a_resolver_refused_are_counted_once_per_look_up_the_latest_first(tmp_path):
+    (tmp_path / LOG).write_text(LOG_LINES)
+    assert refused_names(tmp_path) == [("blocked.test", 2), ("exfil.example.org", 1)]
+    assert refused_names(tmp_path / "none") == []
+
+
+def test_a_long_resolver_log_keeps_its_end(tmp_path, monkeypatch):
+    monkeypatch.setattr("workers.drivers.lxc.resolver.LOG_KEPT", len(LOG_LINES))
+    (tmp_path / LOG).write_text("x" * 5 * len(LOG_LINES) + LOG_LINES)
+    trim_log(tmp_path)
+    assert (tmp_path / LOG).read_text() == LOG_LINES

@@ -81,6 +81,15 @@ class BlockedDestination:
 
 
 @dataclass(frozen=True)
+class BlockedEgress:
+    """What an instance tried to reach and its egress policy refused, the latest first."""
+
+    # Names its resolver answered "no such domain" for, with how many look-ups.
+    names: tuple[tuple[str, int], ...]
+    addresses: tuple[BlockedDestination, ...]
+
+
+@dataclass(frozen=True)
 class NetworkPolicy:
     """Egress rules for one desktop; desktops never reach each other whatever this says."""
 
@@ -216,7 +225,7 @@ class ComputeDriver(abc.ABC):
     @abc.abstractmethod
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None: ...
 
-    def blocked_egress(self, key: str) -> list[BlockedDestination] | None:
+    def blocked_egress(self, key: str) -> BlockedEgress | None:
         """What the instance tried to reach and its egress policy refused, the latest first; None where
         the engine cannot tell."""
         return None

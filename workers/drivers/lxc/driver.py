@@ -23,6 +23,7 @@ from workers.drivers.base import (
     NOT_RESUMABLE,
     NOT_SUSPENDABLE,
     BlockedDestination,
+    BlockedEgress,
     ComputeDriver,
     ControlPlane,
     DriverError,
@@ -166,13 +167,16 @@ class LxcDriver(ComputeDriver):
         except (OSError, KeyError, ValueError):
             return None  # stopped, or gone between the check and the read
 
-    def blocked_egress(self, key: str) -> list[BlockedDestination] | None:
-        """From the desktop's set of refused destinations, each with its count of packets."""
+    def blocked_egress(self, key: str) -> BlockedEgress | None:
+        """From its resolver's log (names) and its set of refused addresses (with counts of packets)."""
         meta = self.store.read(checked_key(key))
         if meta is None:
             return None
         found = network.blocked_destinations(self.config.nft_table, meta["veth"])
-        return [BlockedDestination(address, packets, ago) for address, packets, ago in found]
+        return BlockedEgress(
+            names=tuple(resolver.refused_names(self.store.dir(key))),
+            addresses=tuple(BlockedDestination(address, packets, ago) for address, packets, ago in found),
+        )
 
     def disk_usage(self, key: str) -> int | None:
         """The space used in the desktop's disk image, while it is mounted."""
@@ -207,10 +211,12 @@ class LxcDriver(ComputeDriver):
                 network.forget_allowed(self.config.nft_table, meta["veth"])
 
     def maintenance(self) -> dict:
-        """Restart the resolvers of desktops that are up but whose resolver died (or the host rebooted)."""
+        """Trim the resolvers' logs; restart those of desktops that are up but whose resolver died (or
+        the host rebooted)."""
         restarted = []
         for meta in self.store.all():
             key = meta["key"]
+            resolver.trim_log(self.store.dir(key))
             up = self._status(key).state in (InstanceState.RUNNING, InstanceState.SUSPENDED)
             if up and not resolver.running(self.store.dir(key)):
                 with self.store.locked(key):
@@ -315,6 +321,7 @@ class LxcDriver(ComputeDriver):
             domains=tuple(meta.get("allowed_domains", ())),
             nftset=f"inet#{config.nft_table}_dns#{network.allowed_set(meta['veth'])}",
             pid_file=directory / resolver.PID,
+            log_file=directory / resolver.LOG,
         )
         resolver.ensure(directory, conf)
 

@@ -20,7 +20,11 @@ from pathlib import Path
 from workers.drivers.base import DriverError
 from workers.drivers.lxc.network import run
 
-CONF, PID = "resolver.conf", "resolver.pid"
+CONF, PID, LOG = "resolver.conf", "resolver.pid", "resolver.log"
+# How much of the end of a resolver's log is read for the names it refused, and kept when trimmed.
+LOG_KEPT = 1024 * 1024
+# A look-up the resolver answered from its configuration with "no such domain": a refused name.
+_REFUSED = re.compile(r"query\[A\] (\S+) from \S+\n[^\n]*: config \1 is NXDOMAIN\n")
 # What a desktop is told its answers are good for, at most: it looks names up again that often. The
 # resolver keeps no cache, so each answer puts its addresses back in the allowed set if they had left it.
 MAX_TTL = 60
@@ -38,6 +42,7 @@ def render_conf(
     domains: tuple[str, ...],
     nftset: str,
     pid_file: Path,
+    log_file: Path,
 ) -> str:
     """dnsmasq's configuration for one desktop. ``nftset`` is ``family#table#set``."""
     lines = [
@@ -54,8 +59,9 @@ def render_conf(
     if allow_internet:
         lines += [f"server={upstream}" for upstream in upstreams]
     else:
-        # More specific domains win over "#" (every name): the allowed ones are forwarded.
-        lines.append("address=/#/")
+        # More specific domains win over "#" (every name): the allowed ones are forwarded. The log
+        # says which names were refused.
+        lines += ["address=/#/", "log-queries", f"log-facility={log_file}"]
         if domains:
             names = "/".join(domains)
             lines += [f"server=/{names}/{upstream}" for upstream in upstreams]
@@ -89,6 +95,35 @@ def stop(directory: Path) -> None:
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def refused_names(directory: Path) -> list[tuple[str, int]]:
+    """The names the desktop looked up and its policy refused, with how many times, the latest first
+    (from the end of its resolver's log)."""
+    try:
+        with open(directory / LOG, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_KEPT))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return []
+    counts: dict[str, int] = {}
+    for match in _REFUSED.finditer(text):
+        name = match.group(1)
+        counts[name] = counts.pop(name, 0) + 1  # moved to the end: the latest last
+    return list(reversed(counts.items()))
+
+
+def trim_log(directory: Path) -> None:
+    """Keep the end of a long log only (the resolver appends, so it writes on after the cut)."""
+    path = directory / LOG
+    with contextlib.suppress(FileNotFoundError), open(path, "r+b") as log:
+        size = log.seek(0, os.SEEK_END)
+        if size > 4 * LOG_KEPT:
+            log.seek(size - LOG_KEPT)
+            tail = log.read()
+            log.truncate(0)
+            log.seek(0)
+            log.write(tail)
 
 
 def running(directory: Path) -> bool:
