@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlsplit
@@ -33,7 +32,7 @@ from desktops.models import (
 )
 from desktops.queue import DESKTOP_EGRESS_APPLY, enqueue
 from desktops.selectors import desktop_get, workspace_get
-from workers.drivers.base import DriverError, NetworkPolicy
+from workers.drivers.base import ALLOWED_DOMAIN, DriverError, NetworkPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +62,6 @@ PROVIDER_HOSTS = {
     LLMProvider.OPENROUTER: "openrouter.ai",
 }
 MAX_ENTRIES = 200
-_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-# At least two labels, the last not all digits (so an address is never taken for a name).
-_DOMAIN = re.compile(rf"(?=.{{1,253}}$)(\*\.)?({_LABEL}\.)+(?![0-9]+$){_LABEL}")
 
 
 @dataclass(frozen=True)
@@ -94,7 +90,7 @@ class Egress:
             return NetworkPolicy(allow_internet=False)
         entries = list(self.entries)
         if self.allow_llm_providers:
-            # A key's base URL may name its server by address: that is a network of one.
+            # A key's base URL may name its server by address: a network of one.
             entries += [f"{h}/32" if _is_address(h) else h for h in self.llm_hosts]
         cidrs = [e for e in entries if "/" in e]  # stored networks always carry their prefix length
         domains = [e for e in entries if "/" not in e]
@@ -124,7 +120,7 @@ def entries_checked(entries: list[str]) -> list[str]:
     kept, wrong = [], []
     for raw in entries:
         entry = raw.strip().rstrip(".").lower()
-        if _DOMAIN.fullmatch(entry):
+        if ALLOWED_DOMAIN.fullmatch(entry):
             normal = entry
         else:
             try:
@@ -161,7 +157,9 @@ def llm_hosts_of(workspace_id: str) -> tuple[str, ...]:
         "provider", "base_url"
     ):
         host = urlsplit(base_url).hostname if base_url else PROVIDER_HOSTS.get(provider)
-        if host and host not in hosts:
+        # A name no policy can allow (`localhost`) stays out of reach.
+        allowable = host and (_is_address(host) or ALLOWED_DOMAIN.fullmatch(host))
+        if allowable and host not in hosts:
             hosts.append(host)
     return tuple(sorted(hosts))
 

@@ -3,7 +3,7 @@
 import pytest
 
 from desktops import services
-from desktops.egress import PRESET_ENTRIES, egress_of_desktop
+from desktops.egress import PRESET_ENTRIES, egress_of_desktop, egress_of_workspace
 from desktops.models import AuditEvent, EgressMode, Role
 from tests.conftest import client_for
 from tests.factories import DesktopFactory, api_key_for
@@ -35,6 +35,27 @@ def test_a_new_workspace_starts_on_the_allow_list_preset_with_its_keys_providers
         assert client.post("/api/llm-keys", {**key, **extra}, format="json").status_code == 201
     body = client.get(f"/api/workspaces/{workspace.id}/egress").json()
     assert body["llmHosts"] == ["api.anthropic.com", "llm.internal.example"]
+
+    # A key's server named by address is a network of one; a name no policy can allow is left out.
+    for name, url in [("by-address", "http://203.0.113.9:8000/v1"), ("local", "http://localhost:8000/v1")]:
+        key = {
+            "workspaceId": workspace.id,
+            "provider": "openai_compatible",
+            "name": name,
+            "secret": "sk-test-12345678",
+        }
+        assert (
+            client.post("/api/llm-keys", {**key, "baseUrl": url, "model": "m"}, format="json").status_code
+            == 201
+        )
+    assert egress_of_workspace(workspace=workspace).llm_hosts == (
+        "203.0.113.9",
+        "api.anthropic.com",
+        "llm.internal.example",
+    )
+    policy = egress_of_workspace(workspace=workspace).network_policy()
+    assert policy.allowed_cidrs == ("203.0.113.9/32",)
+    assert set(policy.allowed_domains) == {*PRESET_ENTRIES, "api.anthropic.com", "llm.internal.example"}
 
 
 def test_the_policy_a_desktop_gets_from_its_workspace_and_its_own(members, workspace):

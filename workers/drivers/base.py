@@ -89,6 +89,13 @@ class BlockedEgress:
     addresses: tuple[BlockedDestination, ...]
 
 
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+# A name a policy may allow: at least two labels, the last not all digits (an address is never taken
+# for a name), optionally "*." for its subdomains only. Nothing else: names end up in engines'
+# configuration files.
+ALLOWED_DOMAIN = re.compile(rf"(?=.{{1,253}}$)(\*\.)?({_LABEL}\.)+(?![0-9]+$){_LABEL}")
+
+
 @dataclass(frozen=True)
 class NetworkPolicy:
     """Egress rules for one desktop; desktops never reach each other whatever this says."""

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from workers.drivers.base import (
+    ALLOWED_DOMAIN,
     IMAGE_MISSING,
     NO_CAPACITY,
     NOT_PROVISIONED,
@@ -336,7 +337,7 @@ def _policy_fields(policy: NetworkPolicy) -> dict:
             raise DriverError(f"allowed CIDR {cidr!r} is not an IPv4 network: {exc}") from exc
     for name in policy.allowed_domains:
         domain = name.strip().rstrip(".").lower()
-        if not resolver.DOMAIN.fullmatch(domain):
+        if not ALLOWED_DOMAIN.fullmatch(domain):
             raise DriverError(f"allowed domain {name!r} is not a domain name")
         domains.append(domain)
     return {"allow_internet": policy.allow_internet, "allowed_cidrs": cidrs, "allowed_domains": domains}

@@ -28,9 +28,6 @@ _REFUSED = re.compile(r"query\[A\] (\S+) from \S+\n[^\n]*: config \1 is NXDOMAIN
 # What a desktop is told its answers are good for, at most: it looks names up again that often. The
 # resolver keeps no cache, so each answer puts its addresses back in the allowed set if they had left it.
 MAX_TTL = 60
-_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-# Names end up in dnsmasq's configuration: nothing but labels, dots and a leading "*." gets there.
-DOMAIN = re.compile(rf"(?=.{{1,253}}$)(\*\.)?({_LABEL}\.)+{_LABEL}")
 
 
 def render_conf(
