@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import Figure, record
 from bench.stack import BENCH_LXC, control_plane
 from bench.stats import percentile, summary
-from tests.support.internet import BLOCKED, RESOLVER, stand_in_internet
+from tests.support.internet import BLOCKED, UPSTREAM, stand_in_internet
 
 # Waits for the first new connection that goes the wanted way ("open": it connects; "closed": it does
 # not), and prints the host's monotonic clock then.
@@ -80,7 +80,7 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory() as tmp,
         stand_in_internet(Path(tmp)),
-        control_plane("egress", concurrency=2, env={"LXC_UPSTREAM_DNS": RESOLVER}) as stack,
+        control_plane("egress", concurrency=2, env={"LXC_UPSTREAM_DNS": UPSTREAM}) as stack,
     ):
         api = requests.Session()
         api.headers["Authorization"] = f"Bearer {stack.key}"

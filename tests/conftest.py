@@ -18,7 +18,7 @@ from lebureau.settings import chat_routes
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
-from tests.support.internet import RESOLVER, stand_in_internet
+from tests.support.internet import UPSTREAM, stand_in_internet
 from tests.support.scripted_model import ScriptedModelServer
 from tests.support.services import free_port, patched_environ, port_open, service_process, workers_answering
 from workers.drivers.lxc import network as lxc_net
@@ -45,7 +45,7 @@ LXC_TEST_SETTINGS = {
     "LXC_NFT_TABLE": "lebureau_api",
     "LXC_VETH_PREFIX": "lba",
     # The desktops' resolvers ask the suite's stand-in for the internet (the `internet` fixture).
-    "LXC_UPSTREAM_DNS": RESOLVER,
+    "LXC_UPSTREAM_DNS": UPSTREAM,
 }
 
 SCRIPTED_MODEL_HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])

@@ -23,7 +23,7 @@ import pytest
 
 from desktops.guest import VNC_PASSWORD_FILE, vnc_password, vnc_password_file
 from tests.drivers.contract import DriverContract
-from tests.support.internet import ALLOWED, BLOCKED, NEVER, RESOLVER
+from tests.support.internet import ALLOWED, BLOCKED, FOREIGN_RESOLVER, NEVER, UPSTREAM
 from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
 from workers.drivers.lxc import LxcConfig, LxcDriver, network, resolver
@@ -45,7 +45,7 @@ TEST_CONFIG = LxcConfig(
     nft_table="lebureau_test",
     veth_prefix="lbt",
     host_tcp_ports=(HOST_PORT,),
-    upstream_dns=(RESOLVER,),
+    upstream_dns=(UPSTREAM,),
 )
 
 pytestmark = [
@@ -410,11 +410,15 @@ def test_an_allow_list_holds_for_packets_not_only_for_names(
     assert ALLOWED not in addresses
     assert refused.names == (("blocked.test", 1),)
     # Asking another resolver gets the desktop's own answers, root or not.
-    assert ask("blocked.test", RESOLVER) == "3"
+    assert ask("blocked.test", FOREIGN_RESOLVER) == "3"
     assert (
-        ssh(status.private_ip, client_key, f"python3 - blocked.test {RESOLVER}", user="root", stdin=ASK)[
-            1
-        ].strip()
+        ssh(
+            status.private_ip,
+            client_key,
+            f"python3 - blocked.test {FOREIGN_RESOLVER}",
+            user="root",
+            stdin=ASK,
+        )[1].strip()
         == "3"
     )
     assert ask("allowed.test", "192.0.2.53") == f"0 {ALLOWED}"
@@ -428,7 +432,7 @@ def test_an_allow_list_holds_for_packets_not_only_for_names(
     assert fetch("http://allowed.test/") is None
     assert fetch(f"http://{ALLOWED}/") is None, "an address a former policy allowed stayed reachable"
     assert fetch(f"http://{BLOCKED}/") is None
-    assert ask("allowed.test", RESOLVER) == "3"
+    assert ask("allowed.test", FOREIGN_RESOLVER) == "3"
     assert reaches_the_guest_endpoint()
 
     # Back to the allow-list: an address is reachable once its name has been looked up, not before.

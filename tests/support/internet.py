@@ -2,9 +2,10 @@
 
 It answers on test addresses (TEST-NET-3) and on addresses no desktop may ever reach (a cloud's metadata
 service, private and shared networks): a TCP port that accepts and closes (8080), a web server that
-says which address it was reached on (80), and a DNS server (53 on ``RESOLVER``) that knows
-``allowed.test`` and ``blocked.test``. The desktops' resolvers forward to it as their upstream, and an
-agent may try it as its own resolver. Nothing of it leaves this host.
+says which address it was reached on (80), and a DNS server (53 on ``FOREIGN_RESOLVER``) that knows
+``allowed.test`` and ``blocked.test``, for an agent to try as its own resolver. The desktops' resolvers
+forward to ``UPSTREAM``, a server with the same answers on the host's loopback: when no stand-in runs,
+their queries fail there at once rather than leave the host. Nothing of it leaves this host.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 NAMESPACE, LINK = "lbtest-outside", "lbtout0"
 ALLOWED, BLOCKED = "203.0.113.80", "203.0.113.81"
-RESOLVER = "203.0.113.53"
+FOREIGN_RESOLVER = "203.0.113.53"
+UPSTREAM_PORT = 5399
+UPSTREAM = f"127.0.0.1#{UPSTREAM_PORT}"
 NAMES = {"allowed.test": ALLOWED, "blocked.test": BLOCKED}
 NEVER = ("169.254.169.254", "10.77.0.5", "172.16.9.9", "192.168.77.7", "100.64.3.3")
-ADDRESSES = (ALLOWED, BLOCKED, RESOLVER, *NEVER)
+ADDRESSES = (ALLOWED, BLOCKED, FOREIGN_RESOLVER, *NEVER)
 
 SERVERS = """
 import socket, socketserver, threading
@@ -73,26 +76,26 @@ def stand_in_internet(workdir: Path):
     inside = ["ip", "netns", "exec", NAMESPACE]
     servers = subprocess.Popen([*inside, sys.executable, "-c", SERVERS], stdout=subprocess.PIPE, text=True)
     records = [f"--host-record={name},{address}" for name, address in NAMES.items()]
-    dns = subprocess.Popen(
-        [
-            *inside,
-            "dnsmasq",
-            "--keep-in-foreground",
-            "--conf-file=/dev/null",
-            "--no-resolv",
-            "--no-hosts",
-            f"--listen-address={RESOLVER}",
-            "--bind-interfaces",
-            "--address=/#/",
-            *records,
-            f"--pid-file={workdir / 'stand-in-dns.pid'}",
-        ]
-    )
+    dns = ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts"]
+    dns += ["--bind-interfaces", "--address=/#/", *records]
+    resolvers = [
+        subprocess.Popen(
+            [*inside, *dns, f"--listen-address={FOREIGN_RESOLVER}", f"--pid-file={workdir / 'foreign.pid'}"]
+        ),
+        subprocess.Popen(
+            [
+                *dns,
+                "--listen-address=127.0.0.1",
+                f"--port={UPSTREAM_PORT}",
+                f"--pid-file={workdir / 'upstream.pid'}",
+            ]
+        ),
+    ]
     try:
         assert servers.stdout.readline().strip() == "listening"
         yield
     finally:
-        for process in (servers, dns):
+        for process in (servers, *resolvers):
             process.kill()
             process.wait()
         _remove()
