@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import Figure, record
 from bench.stack import BENCH_LXC, control_plane
 from bench.stats import percentile, summary
-from tests.support.internet import BLOCKED, UPSTREAM, stand_in_internet
+from tests.support.internet import ALLOWED, BLOCKED, UPSTREAM, stand_in_internet
 
 # Waits for the first new connection that goes the wanted way ("open": it connects; "closed": it does
 # not), and prints the host's monotonic clock then.
@@ -46,14 +46,16 @@ while True:
         break
     time.sleep(0.02)
 """
-# Times N look-ups of a name through the desktop's resolver (its resolv.conf), in seconds, as JSON.
+# Times N look-ups of a name through the desktop's resolver (its resolv.conf), each checked against
+# the name's address, in seconds, as JSON.
 LOOKUPS = """
 import json, socket, sys, time
 times = []
 for _ in range(int(sys.argv[2])):
     start = time.perf_counter()
-    socket.getaddrinfo(sys.argv[1], 80, socket.AF_INET)
+    answer = socket.getaddrinfo(sys.argv[1], 80, socket.AF_INET)[0][4][0]
     times.append(time.perf_counter() - start)
+    assert answer == sys.argv[3], answer
 print(json.dumps(times))
 """
 
@@ -111,7 +113,9 @@ def main() -> None:
 
         api.put(egress, json={"mode": "allowlist", "entries": ["allowed.test"]}).raise_for_status()
         time.sleep(2)
-        answers = json.loads(inside(key, "python3", "-c", LOOKUPS, "allowed.test", str(args.queries)))
+        answers = json.loads(
+            inside(key, "python3", "-c", LOOKUPS, "allowed.test", str(args.queries), ALLOWED)
+        )
 
         print()
         print("policy change (PUT /api/workspaces/{id}/egress) -> enforced in the running desktop")
