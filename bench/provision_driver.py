@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import Figure, record
 from bench.stats import summary
 from workers.drivers.base import InstanceSpec
-from workers.drivers.lxc import LxcConfig, LxcDriver
+from workers.drivers.lxc import LxcConfig, LxcDriver, network
 
 ROOT = Path("/var/lib/lebureau/bench")
 SUBNET = "10.216.0.0/24"
@@ -149,8 +149,7 @@ def main() -> None:
         for key in made:
             driver.destroy(key)
         # The bench's bridge and firewall go with it; the driver makes them again when needed.
-        for family in ("inet", "bridge"):
-            subprocess.run(["nft", "delete", "table", family, "lebureau_bench"], capture_output=True)
+        network.remove_tables("lebureau_bench")
         subprocess.run(["ip", "link", "del", "lbbench0"], capture_output=True)
 
 

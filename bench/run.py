@@ -35,6 +35,7 @@ BENCHES: dict[str, list[str]] = {
     "provision_driver": ["bench/provision_driver.py"],
     "provision": ["bench/provision.py"],
     "fleet": ["bench/fleet.py"],
+    "egress": ["bench/egress.py"],
     "relay": ["bench/relay.py"],
     "chat": ["bench/chat.py"],
 }

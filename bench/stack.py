@@ -32,7 +32,7 @@ from tests.support.services import (  # noqa: E402
     service_process,
     workers_answering,
 )
-from workers.drivers.lxc import LxcConfig, LxcDriver  # noqa: E402
+from workers.drivers.lxc import LxcConfig, LxcDriver, network  # noqa: E402
 
 BENCH_LXC = {
     "COMPUTE_DRIVER": "lxc",
@@ -105,9 +105,7 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     finally:
         workspace.delete()
         user.delete()
-        for family in ("inet", "bridge"):
-            table = BENCH_LXC["LXC_NFT_TABLE"]
-            subprocess.run(["nft", "delete", "table", family, table], capture_output=True)
+        network.remove_tables(BENCH_LXC["LXC_NFT_TABLE"])
         subprocess.run(["ip", "link", "del", BENCH_LXC["LXC_BRIDGE"]], capture_output=True)
 
 

@@ -18,6 +18,7 @@ from desktops.errors import Unavailable
 from desktops.models import Desktop, DesktopState
 from workers.drivers import DRIVERS, driver_class
 from workers.drivers.base import (
+    BlockedEgress,
     ComputeDriver,
     ConsoleTicket,
     ControlPlane,
@@ -82,6 +83,15 @@ def desktop_resource_usage(desktop: Desktop) -> InstanceUsage | None:
     try:
         return engine(desktop.driver).usage(desktop.id)
     except (ImproperlyConfigured, DriverError):
+        return None
+
+
+def desktop_blocked_egress(desktop: Desktop) -> BlockedEgress | None:
+    """What the desktop tried to reach and its policy refused, the latest first, if its engine can tell."""
+    try:
+        return engine(desktop.driver).blocked_egress(desktop.id)
+    except (ImproperlyConfigured, DriverError) as exc:
+        logger.warning("could not read what %s was refused: %s", desktop.id, exc)
         return None
 
 

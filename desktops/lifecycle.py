@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 
 from desktops.audit import SYSTEM, Actor, audit_record
 from desktops.crypto import api_token_hash
+from desktops.egress import egress_of_desktop
 from desktops.engines import engine, engines_in_use
 from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.guest import VNC_PASSWORD_FILE, control_plane_public_key, vnc_password_file
@@ -120,6 +121,7 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
         ssh_public_key=control_plane_public_key(),
         image_profile=desktop.image_profile,
         workspace=desktop.workspace_id,
+        network_policy=egress_of_desktop(desktop=desktop).network_policy(),
         files={
             # The `bureau` helper's desktop-scoped credential for the control plane's guest endpoint.
             AGENT_TOKEN_PATH: token + "\n",

@@ -438,3 +438,40 @@ class ScheduleRun(models.Model):
 
     def __str__(self):
         return f"{self.schedule_id} due {self.due_at:%Y-%m-%d %H:%M}: {self.status}"
+
+
+class EgressMode(models.TextChoices):
+    OPEN = "open", _("Open: anywhere on the internet")
+    ALLOWLIST = "allowlist", _("Allow-list: only the domains and networks listed")
+    DENY = "deny", _("Deny all: no internet")
+
+
+class EgressPolicy(models.Model):
+    """Where desktops may connect: a workspace's (``desktop`` empty) or one desktop's, which replaces it.
+
+    Private, link-local and metadata networks stay out of reach and the guest endpoint in reach
+    whatever this says: those are the engine's, not a policy's.
+    """
+
+    id = PublicIdField("egr")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="egress_policies")
+    desktop = models.OneToOneField(
+        Desktop, null=True, blank=True, on_delete=models.CASCADE, related_name="egress_policy"
+    )
+    mode = models.CharField(max_length=10, choices=EgressMode.choices)
+    # Domains (`pypi.org`, `*.github.com`) and IPv4 networks (`203.0.113.0/24`), checked by the services.
+    entries = models.JSONField(default=list, blank=True)
+    # In allow-list mode, also the hosts of the workspace's LLM keys (their providers' APIs).
+    allow_llm_providers = models.BooleanField(default=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace"], condition=Q(desktop=None), name="one_egress_policy_per_workspace"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.mode} egress of {self.desktop_id or self.workspace_id}"

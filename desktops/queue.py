@@ -14,6 +14,7 @@ DESKTOP_STEP = "workers.tasks.desktop_{action}"
 CHAT_DELIVER = "workers.tasks.chat_deliver"
 WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
 SCHEDULE_FIRE = "workers.tasks.schedule_fire"
+DESKTOP_EGRESS_APPLY = "workers.tasks.desktop_egress_apply"
 
 
 def enqueue(task: str, **kwargs) -> None:

@@ -17,6 +17,7 @@ from billing.quotas import quota_check_action, quota_check_create
 from billing.services import subscription_start
 from desktops import crypto
 from desktops.audit import Actor, audit_record
+from desktops.egress import egress_preset_create, workspace_egress_apply
 from desktops.engines import engine_for_new_desktops, engine_instance_for_new_desktops
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
@@ -61,6 +62,7 @@ def workspace_create(*, user, name: str) -> Workspace:
         workspace.save()
         Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
         subscription_start(workspace=workspace)
+        egress_preset_create(workspace=workspace, user=user)
         audit_record(
             actor=Actor(user=user), action="workspace.create", workspace_id=workspace.id, target=workspace.id
         )
@@ -475,3 +477,5 @@ def llm_key_delete(*, actor: Actor, workspace_id: str, key_id: str) -> None:
 
 def _push_agent_config(workspace_id: str) -> None:
     enqueue(WORKSPACE_AGENT_CONFIGURE, workspace_id=workspace_id)
+    # The keys' hosts are allowed by allow-list policies: they change with the keys.
+    workspace_egress_apply(workspace_id=workspace_id, all_desktops=True)

@@ -202,6 +202,8 @@ SPECTACULAR_SETTINGS = {
     # Request bodies get components of their own, so the constraints that only bind input (no blank
     # strings, write-only fields) are in the schema.
     "COMPONENT_SPLIT_REQUEST": True,
+    # Two fields are named `mode`: a relay's (view or control) and an egress policy's.
+    "ENUM_NAME_OVERRIDES": {"EgressModeEnum": "desktops.models.EgressMode"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.contrib.djangorestframework_camel_case.camelize_serializer_fields",
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -5,7 +5,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 
 from billing.selectors import price_of
-from desktops.models import ApiScope, DesktopState, LLMProvider, Role
+from desktops.models import ApiScope, DesktopState, EgressMode, LLMProvider, Role
 from desktops.selectors import plan_list
 
 ACTIONS = [("start", "Start"), ("stop", "Stop"), ("destroy", "Destroy")]
@@ -74,6 +74,38 @@ class RenameForm(forms.Form):
 
 class AgentCommandForm(forms.Form):
     command = forms.CharField(max_length=500, required=False)
+
+
+class EgressForm(forms.Form):
+    mode = forms.ChoiceField(
+        label=_lazy("Where agents may go"), choices=EgressMode.choices, widget=forms.RadioSelect
+    )
+    entries = forms.CharField(
+        label=_lazy("Allowed domains and networks"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "cols": 40, "spellcheck": "false"}),
+        help_text=_lazy(
+            "One a line: a domain covers its subdomains (pypi.org), *.example.com only its subdomains; "
+            "an IPv4 network as 203.0.113.0/24. Private, link-local and metadata networks stay closed."
+        ),
+    )
+    allow_llm_providers = forms.BooleanField(
+        label=_lazy("Also the APIs of this workspace's LLM keys"), required=False
+    )
+
+    def clean_entries(self) -> list[str]:
+        return [line.strip() for line in self.cleaned_data["entries"].splitlines() if line.strip()]
+
+
+class DesktopEgressForm(EgressForm):
+    """A desktop's policy: its own, or its workspace's."""
+
+    INHERIT = "inherit"
+    mode = forms.ChoiceField(
+        label=_lazy("Where this desktop's agent may go"),
+        choices=[(INHERIT, _lazy("As its workspace says")), *EgressMode.choices],
+        widget=forms.RadioSelect,
+    )
 
 
 class InviteForm(forms.Form):

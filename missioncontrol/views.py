@@ -38,9 +38,9 @@ from billing.selectors import (
     spend_alerts_this_month,
     tier_list,
 )
-from desktops import schedules, selectors, services
+from desktops import egress, schedules, selectors, services
 from desktops.audit import Actor
-from desktops.engines import desktop_resource_usage
+from desktops.engines import desktop_blocked_egress, desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
 from desktops.events import workspace_stream
 from desktops.labels import desktops_label
@@ -278,7 +278,55 @@ def desktop(request, desktop_id):
         agent_usage=agent_usage_of_desktop(found),
         schedules=_schedules_of(found),
         schedule_form=forms.ScheduleForm(),
+        can_manage=request.role.rank >= Role.ADMIN.rank,
+        egress=(policy := egress.egress_of_desktop(desktop=found)),
+        blocked=desktop_blocked_egress(found),
+        egress_form=forms.DesktopEgressForm(initial=_egress_initial(request, policy, inherit=True)),
     )
+
+
+def _egress_initial(request, policy, *, inherit: bool = False) -> dict:
+    """The policy as it is, or what the person typed when it was refused, so nothing they typed is lost."""
+    return request.session.pop("egress_draft", None) or {
+        "mode": forms.DesktopEgressForm.INHERIT if inherit and policy.inherited else policy.mode,
+        "entries": "\n".join(policy.entries),
+        "allow_llm_providers": policy.allow_llm_providers,
+    }
+
+
+def _egress_post(request, form, save, success: str) -> None:
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"{field}: {' '.join(errors)}")
+    elif attempt(request, save, success):
+        return
+    request.session["egress_draft"] = {
+        "mode": request.POST.get("mode", ""),
+        "entries": request.POST.get("entries", ""),
+        "allow_llm_providers": bool(request.POST.get("allow_llm_providers")),
+    }
+
+
+@require_POST
+@login_required
+def desktop_egress(request, desktop_id):
+    """The desktop's own egress policy, or back to its workspace's, from its page; admins only."""
+    actor, desktop = _desktop_of(request, desktop_id)
+    form = forms.DesktopEgressForm(request.POST)
+    inherit = request.POST.get("mode") == forms.DesktopEgressForm.INHERIT
+    _egress_post(
+        request,
+        form,
+        lambda: (
+            egress.desktop_egress_inherit(actor=actor, desktop_id=desktop.id)
+            if inherit
+            else egress.desktop_egress_set(actor=actor, desktop_id=desktop.id, **form.cleaned_data)
+        ),
+        _("The desktop follows its workspace's egress policy again; it applies within seconds.")
+        if inherit
+        else _("Egress policy saved: it applies to the desktop within seconds."),
+    )
+    return redirect(f"{reverse('desktop', args=[desktop.id])}#egress-panel")
 
 
 def _schedules_of(desktop):
@@ -386,6 +434,8 @@ def settings_page(request):
         model_prices=model_price_list(workspace=workspace),
         model_price_form=forms.ModelPriceForm(),
         agent_model=agent_model(workspace),
+        egress=(policy := egress.egress_of_workspace(workspace=workspace)),
+        egress_form=forms.EgressForm(initial=_egress_initial(request, policy)),
         roles=Role.choices,
         new_token=request.session.pop("new_token", None),
     )
@@ -411,6 +461,22 @@ def _settings_post(form_class, apply, success):
 def _new_api_key(request, data):
     _key, token = services.api_key_create(actor=request.actor, workspace_id=request.workspace.id, **data)
     request.session["new_token"] = token  # shown once, on the next page, then gone
+
+
+@require_POST
+@workspace_page(Role.VIEWER)
+def workspace_egress(request):
+    """The workspace's egress policy, from the settings page; the services check the role."""
+    form = forms.EgressForm(request.POST)
+    _egress_post(
+        request,
+        form,
+        lambda: egress.workspace_egress_set(
+            actor=request.actor, workspace_id=request.workspace.id, **form.cleaned_data
+        ),
+        _("Egress policy saved: the workspace's desktops follow it within seconds."),
+    )
+    return redirect(f"{reverse('settings', args=[request.workspace.id])}#egress")
 
 
 workspace_rename = _settings_post(

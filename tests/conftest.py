@@ -18,6 +18,7 @@ from lebureau.settings import chat_routes
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
+from tests.support.internet import UPSTREAM, stand_in_internet
 from tests.support.scripted_model import ScriptedModelServer
 from tests.support.services import free_port, patched_environ, port_open, service_process, workers_answering
 from workers.drivers.lxc import network as lxc_net
@@ -43,6 +44,8 @@ LXC_TEST_SETTINGS = {
     "LXC_SUBNET": "10.215.0.0/24",
     "LXC_NFT_TABLE": "lebureau_api",
     "LXC_VETH_PREFIX": "lba",
+    # The desktops' resolvers ask the suite's stand-in for the internet (the `internet` fixture).
+    "LXC_UPSTREAM_DNS": UPSTREAM,
 }
 
 SCRIPTED_MODEL_HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])
@@ -63,6 +66,13 @@ def scripted_model(lxc_test_engine):
     lxc_net.ensure_bridge(LXC_TEST_SETTINGS["LXC_BRIDGE"], LXC_TEST_SETTINGS["LXC_SUBNET"])
     with ScriptedModelServer(SCRIPTED_MODEL_HOST, SCRIPTED_MODEL_PORT) as server:
         yield server.model
+
+
+@pytest.fixture
+def internet(tmp_path):
+    """The suite's stand-in for the internet (``tests.support.internet``), for desktops to reach or not."""
+    with stand_in_internet(tmp_path):
+        yield
 
 
 @pytest.fixture(scope="session")

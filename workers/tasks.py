@@ -11,9 +11,15 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, chat, engines, lifecycle, schedules, selectors
+from desktops import agent_config, chat, egress, engines, lifecycle, schedules, selectors
 from desktops.engines import TransientDriverError
-from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
+from desktops.queue import (
+    CHAT_DELIVER,
+    DESKTOP_EGRESS_APPLY,
+    DESKTOP_STEP,
+    SCHEDULE_FIRE,
+    WORKSPACE_AGENT_CONFIGURE,
+)
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
@@ -75,6 +81,9 @@ def _step_task(action: str):
             lifecycle.desktop_step_slot_free(desktop_id=desktop_id, holder=holder)
         if up and action in CONFIGURE_AFTER:
             agent_configure.delay(desktop_id=desktop_id)
+        if up and action == "provision":
+            # The policy may have changed while the desktop was being made with the one it had then.
+            desktop_egress_apply.delay(desktop_id=desktop_id)
 
     return shared_task(
         run,
@@ -121,6 +130,20 @@ for _legacy in ("workers.tasks.refill_warm_pool", "workers.tasks.refresh_allowed
 @shared_task(name="workers.tasks.billing_meter", acks_late=True, soft_time_limit=1800, time_limit=1830)
 def billing_meter() -> dict:
     return billing.billing_meter()
+
+
+@shared_task(
+    name=DESKTOP_EGRESS_APPLY,
+    acks_late=True,
+    autoretry_for=(TransientDriverError,),
+    retry_backoff=1,
+    retry_backoff_max=settings.DRIVER_RETRY_BACKOFF_MAX,
+    max_retries=settings.DRIVER_RETRY_MAX,
+    soft_time_limit=60,
+)
+def desktop_egress_apply(*, desktop_id: str) -> bool:
+    """Enforce the desktop's egress policy in its engine, running or not."""
+    return egress.desktop_egress_apply(desktop_id=desktop_id)
 
 
 @shared_task(

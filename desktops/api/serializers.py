@@ -15,6 +15,7 @@ from desktops.models import (
     Desktop,
     DesktopEvent,
     DesktopState,
+    EgressMode,
     Invitation,
     LLMKey,
     LLMProvider,
@@ -278,6 +279,35 @@ class WorkspaceUpdateSerializer(serializers.Serializer):
         required=False,
         help_text="The lowest role that may take control of a desktop (and so read what it holds: keys).",
     )
+
+
+class EgressWriteSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(
+        choices=EgressMode.choices,
+        help_text="open: anywhere; allowlist: only the entries (and the LLM keys' hosts); deny: nowhere.",
+    )
+    entries = serializers.ListField(
+        child=serializers.CharField(max_length=253),
+        required=False,
+        default=list,
+        max_length=200,
+        help_text="Domains (a domain covers its subdomains; *.example.com only its subdomains) and IPv4 "
+        "networks (203.0.113.0/24), for the allow-list.",
+    )
+    allow_llm_providers = serializers.BooleanField(
+        required=False, default=True, help_text="Allow-list: also the API hosts of the workspace's LLM keys."
+    )
+
+
+class EgressSerializer(EgressWriteSerializer):
+    llm_hosts = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="The API hosts of the workspace's LLM keys."
+    )
+    inherited = serializers.BooleanField(
+        read_only=True, help_text="A desktop's: it follows its workspace's policy, having none of its own."
+    )
+    updated_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    updated_by = serializers.CharField(read_only=True)
 
 
 class AgentUsageSerializer(serializers.Serializer):

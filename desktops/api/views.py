@@ -24,7 +24,7 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import bulk, schedules, selectors, services
+from desktops import bulk, egress, schedules, selectors, services
 from desktops.api import serializers as s
 from desktops.audit import Actor
 from desktops.commands import desktop_exec
@@ -356,6 +356,24 @@ class DesktopViewSet(ApiViewSet):
         )
         return Response(_schedules_data([schedule])[0], status=status.HTTP_201_CREATED)
 
+    @extend_schema(methods=["GET"], request=None, responses=s.EgressSerializer)
+    @extend_schema(methods=["PUT"], request=s.EgressWriteSerializer, responses=s.EgressSerializer)
+    @extend_schema(methods=["DELETE"], request=None, responses={200: s.EgressSerializer})
+    @action(detail=True, methods=["get", "put", "delete"])
+    def egress(self, request, pk):
+        """Where the desktop may connect. PUT gives it a policy of its own (admins); DELETE drops it, and
+        the desktop follows its workspace's again. Running desktops follow a change within seconds."""
+        if request.method == "GET":
+            return Response(s.EgressSerializer(egress.egress_of_desktop(desktop=self._desktop(pk))).data)
+        self._desktop(pk, Role.ADMIN)  # before the body
+        if request.method == "DELETE":
+            policy = egress.desktop_egress_inherit(actor=self.actor, desktop_id=pk)
+        else:
+            policy = egress.desktop_egress_set(
+                actor=self.actor, desktop_id=pk, **self.valid(s.EgressWriteSerializer, request.data)
+            )
+        return Response(s.EgressSerializer(policy).data)
+
     def _desktop(self, pk, minimum=Role.VIEWER):
         return selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum)
 
@@ -508,6 +526,20 @@ class WorkspaceViewSet(ApiViewSet):
     def model_price(self, request, pk, price_id):
         billing.model_price_delete(actor=self.actor, workspace_id=self.workspace(pk).id, price_id=price_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(methods=["GET"], request=None, responses=s.EgressSerializer)
+    @extend_schema(methods=["PUT"], request=s.EgressWriteSerializer, responses=s.EgressSerializer)
+    @action(detail=True, methods=["get", "put"])
+    def egress(self, request, pk):
+        """Where the workspace's desktops may connect, but those with a policy of their own. PUT (admins)
+        applies to running desktops within seconds."""
+        if request.method == "GET":
+            return Response(s.EgressSerializer(egress.egress_of_workspace(workspace=self.workspace(pk))).data)
+        self.workspace(pk, minimum=Role.ADMIN)  # before the body
+        policy = egress.workspace_egress_set(
+            actor=self.actor, workspace_id=pk, **self.valid(s.EgressWriteSerializer, request.data)
+        )
+        return Response(s.EgressSerializer(policy).data)
 
     @extend_schema(responses=s.LabelCountSerializer(many=True))
     @action(detail=True, methods=["get"])

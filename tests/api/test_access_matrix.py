@@ -336,6 +336,40 @@ FLEET_CASES = [
 ]
 CASES += FLEET_CASES
 
+EGRESS = {"mode": "allowlist", "entries": ["pypi.org", "*.github.com", "203.0.113.0/24"]}
+CASES += [
+    Case(
+        "read workspace egress",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/workspaces/{ws.id}/egress", None),
+    ),
+    Case(
+        "set workspace egress",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("put", f"/api/workspaces/{ws.id}/egress", EGRESS),
+    ),
+    Case(
+        "read desktop egress",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/egress", None),
+    ),
+    Case(
+        "set desktop egress",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("put", f"/api/desktops/{_desktop(ws, m)}/egress", {"mode": "deny"}),
+    ),
+    Case(
+        "desktop follows its workspace's egress",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("delete", f"/api/desktops/{_desktop(ws, m)}/egress", None),
+    ),
+]
+
 
 def _invitation(workspace, members) -> str:
     return Invitation.objects.create(workspace=workspace, email="someone@example.com", role=Role.MEMBER).id

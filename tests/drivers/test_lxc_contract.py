@@ -13,7 +13,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +23,10 @@ import pytest
 
 from desktops.guest import VNC_PASSWORD_FILE, vnc_password, vnc_password_file
 from tests.drivers.contract import DriverContract
+from tests.support.internet import ALLOWED, BLOCKED, FOREIGN_RESOLVER, NEVER, UPSTREAM
 from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
-from workers.drivers.lxc import LxcConfig, LxcDriver, network
+from workers.drivers.lxc import LxcConfig, LxcDriver, network, resolver
 
 IMAGES_DIR = Path(os.environ.get("LEBUREAU_IMAGES_DIR", "/var/lib/lebureau/images"))
 TEST_ROOT = Path("/var/lib/lebureau/test")
@@ -45,6 +45,7 @@ TEST_CONFIG = LxcConfig(
     nft_table="lebureau_test",
     veth_prefix="lbt",
     host_tcp_ports=(HOST_PORT,),
+    upstream_dns=(UPSTREAM,),
 )
 
 pytestmark = [
@@ -70,8 +71,7 @@ def lxc_driver():
 
 def remove_network(bridge: str, table: str) -> None:
     """The test bridge and firewall go with the tests; the driver makes them again when needed."""
-    for family in ("inet", "bridge"):
-        subprocess.run(["nft", "delete", "table", family, table], capture_output=True)
+    network.remove_tables(table)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
@@ -327,57 +327,10 @@ def test_containers_are_unprivileged(desktops, client_key):
     assert (inside, outside) == ("0", "100000")
 
 
-# Addresses the `outside` namespace answers on: a stand-in for the internet, and what no desktop may
-# ever reach whatever its policy (a cloud's metadata service, the host's neighbours' private networks).
-INTERNET = "203.0.113.80"
-NEVER = ("169.254.169.254", "10.77.0.5", "172.16.9.9", "192.168.77.7", "100.64.3.3")
-
-
-@pytest.fixture
-def outside():
-    """A network namespace standing for the world beyond the host, reached through the host's routing."""
-    ns, link = "lbtest-outside", "lbtout0"
-
-    def ip(*args):
-        subprocess.run(["ip", *args], check=True, capture_output=True)
-
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    subprocess.run(["ip", "link", "del", link], capture_output=True)
-    ip("netns", "add", ns)
-    ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
-    ip("addr", "add", "10.216.0.1/30", "dev", link)
-    ip("link", "set", link, "up")
-    ip("-n", ns, "addr", "add", "10.216.0.2/30", "dev", "eth0")
-    for address in (INTERNET, *NEVER):
-        ip("-n", ns, "addr", "add", f"{address}/32", "dev", "eth0")
-        ip("route", "add", f"{address}/32", "via", "10.216.0.2")
-    ip("-n", ns, "link", "set", "eth0", "up")
-    ip("-n", ns, "route", "add", "default", "via", "10.216.0.1")
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", OUTSIDE_SERVER], stdout=subprocess.PIPE, text=True
-    )
-    assert server.stdout.readline().strip() == "listening"
-    yield INTERNET
-    server.kill()
-    server.wait()
-    for address in (INTERNET, *NEVER):
-        subprocess.run(["ip", "route", "del", f"{address}/32"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-    subprocess.run(["ip", "link", "del", link], capture_output=True)
-
-
-OUTSIDE_SERVER = """
-import socket
-server = socket.create_server(("0.0.0.0", 8080))
-print("listening", flush=True)
-while True:
-    server.accept()[0].close()
-"""
-
-
 def test_network_policy_controls_egress_with_real_packets(
-    lxc_driver, desktops, client_key, outside, host_listener
+    lxc_driver, desktops, client_key, internet, host_listener
 ):
+    outside = ALLOWED
     spec, status = desktops()
 
     def reaches_outside() -> bool:
@@ -404,6 +357,118 @@ def test_a_bad_allowed_cidr_is_refused(lxc_driver, desktops):
         lxc_driver.apply_network_policy(
             spec.key, NetworkPolicy(allow_internet=False, allowed_cidrs=("nope",))
         )
+
+
+FETCH = (
+    'python3 -c "import sys, urllib.request; '
+    'print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())" {}'
+)
+# A DNS query for one A record, sent to the server of the agent's choice: prints the answer's code
+# (3 is "no such domain") and its addresses.
+ASK = r"""
+import socket, struct, sys
+name, server = sys.argv[1], sys.argv[2]
+query = struct.pack("!HHHHHH", 7, 0x0100, 1, 0, 0, 0)
+query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack("!HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.sendto(query, (server, 53))
+answer = s.recv(4096)
+records = range(len(query), len(answer) - 15, 16)  # each: name pointer, type, class, ttl, length, address
+print(answer[3] & 0xF, *[socket.inet_ntoa(answer[i + 12 : i + 16]) for i in records])
+"""
+
+
+def fetched(ip: str, client_key, url: str) -> str | None:
+    """What the desktop's agent gets from the URL, or None when it cannot reach it."""
+    code, out, _ = ssh(ip, client_key, FETCH.format(url))
+    return out.strip() if code == 0 else None
+
+
+def test_an_allow_list_holds_for_packets_not_only_for_names(
+    lxc_driver, desktops, client_key, internet, host_listener
+):
+    allowlist = NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
+    spec, status = desktops(network_policy=allowlist)
+
+    def fetch(url: str) -> str | None:
+        return fetched(status.private_ip, client_key, url)
+
+    def ask(name: str, server: str) -> str:
+        return ssh(status.private_ip, client_key, f"python3 - {name} {server}", stdin=ASK)[1].strip()
+
+    def reaches_the_guest_endpoint() -> bool:
+        return ssh(status.private_ip, client_key, PROBE.format(GATEWAY, HOST_PORT))[0] == 0
+
+    # From the first boot on: the allowed name, and nothing else by name or by address.
+    assert fetch("http://allowed.test/") == f"stand-in {ALLOWED}"
+    assert fetch("http://blocked.test/") is None
+    assert fetch(f"http://{BLOCKED}/") is None, "a blocked host was reached by its address"
+    refused = lxc_driver.blocked_egress(spec.key)
+    addresses = {b.address: b for b in refused.addresses}
+    assert addresses[BLOCKED].packets >= 1 and addresses[BLOCKED].seconds_ago < 60
+    assert ALLOWED not in addresses
+    assert refused.names == (("blocked.test", 1),)
+    # Asking another resolver gets the desktop's own answers, root or not.
+    assert ask("blocked.test", FOREIGN_RESOLVER) == "3"
+    assert (
+        ssh(
+            status.private_ip,
+            client_key,
+            f"python3 - blocked.test {FOREIGN_RESOLVER}",
+            user="root",
+            stdin=ASK,
+        )[1].strip()
+        == "3"
+    )
+    assert ask("allowed.test", "192.0.2.53") == f"0 {ALLOWED}"
+    assert reaches_the_guest_endpoint()
+
+    lxc_driver.apply_network_policy(spec.key, NetworkPolicy())
+    assert fetch("http://blocked.test/") == f"stand-in {BLOCKED}", "open lets everything through, at once"
+    assert reaches_the_guest_endpoint()
+
+    lxc_driver.apply_network_policy(spec.key, NetworkPolicy(allow_internet=False))
+    assert fetch("http://allowed.test/") is None
+    assert fetch(f"http://{ALLOWED}/") is None, "an address a former policy allowed stayed reachable"
+    assert fetch(f"http://{BLOCKED}/") is None
+    assert ask("allowed.test", FOREIGN_RESOLVER) == "3"
+    assert reaches_the_guest_endpoint()
+
+    # Back to the allow-list: an address is reachable once its name has been looked up, not before.
+    lxc_driver.apply_network_policy(spec.key, allowlist)
+    assert fetch(f"http://{ALLOWED}/") is None
+    assert fetch("http://allowed.test/") == f"stand-in {ALLOWED}"
+    assert fetch(f"http://{ALLOWED}/") == f"stand-in {ALLOWED}"
+    assert lxc_driver.status(spec.key).state == InstanceState.RUNNING
+
+
+def test_a_resolver_that_died_is_restarted_by_the_engines_maintenance(
+    lxc_driver, desktops, client_key, internet
+):
+    spec, status = desktops(
+        network_policy=NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
+    )
+    resolver.stop(lxc_driver.store.dir(spec.key))
+    assert fetched(status.private_ip, client_key, "http://allowed.test/") is None
+    assert lxc_driver.maintenance() == {"resolvers_restarted": [spec.key]}
+    assert fetched(status.private_ip, client_key, "http://allowed.test/") == f"stand-in {ALLOWED}"
+    assert lxc_driver.maintenance() == {}
+
+
+def test_an_address_a_name_resolves_to_in_a_denied_network_stays_denied(
+    lxc_driver, desktops, client_key, internet
+):
+    """A name may resolve to a private or metadata address (DNS rebinding): allowing the name opens none."""
+    spec, status = desktops(
+        network_policy=NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
+    )
+    meta = lxc_driver.store.read(spec.key)
+    subprocess.run(
+        ["nft", "add", "element", "inet", "lebureau_test_dns", f"allow_{meta['veth']}", f"{{ {NEVER[0]} }}"],
+        check=True,
+    )
+    assert ssh(status.private_ip, client_key, PROBE.format(NEVER[0], 8080), user="root")[0] != 0
 
 
 def test_bad_keys_and_missing_images_fail_permanently(lxc_driver, client_key):
@@ -446,8 +511,9 @@ def test_full_profile_has_the_agent_runtime_and_xfce(desktops, client_key):
 
 
 def test_link_local_metadata_and_private_networks_stay_out_of_reach_in_every_policy(
-    lxc_driver, desktops, client_key, outside
+    lxc_driver, desktops, client_key, internet
 ):
+    outside = ALLOWED
     spec, status = desktops()
 
     def reaches(address: str) -> bool:

@@ -72,6 +72,42 @@ def no_progress(step: ProvisionStep) -> None:
 
 
 @dataclass(frozen=True)
+class BlockedDestination:
+    """An address an instance tried to reach and its egress policy refused."""
+
+    address: str
+    packets: int
+    seconds_ago: int
+
+
+@dataclass(frozen=True)
+class BlockedEgress:
+    """What an instance tried to reach and its egress policy refused, the latest first."""
+
+    # Names its resolver answered "no such domain" for, with how many look-ups.
+    names: tuple[tuple[str, int], ...]
+    addresses: tuple[BlockedDestination, ...]
+
+
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+# A name a policy may allow: at least two labels, the last not all digits (an address is never taken
+# for a name), optionally "*." for its subdomains only. Nothing else: names end up in engines'
+# configuration files.
+ALLOWED_DOMAIN = re.compile(rf"(?=.{{1,253}}$)(\*\.)?({_LABEL}\.)+(?![0-9]+$){_LABEL}")
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Egress rules for one desktop; desktops never reach each other whatever this says."""
+
+    allow_internet: bool = True
+    allowed_cidrs: tuple[str, ...] = ()
+    # Names whose current addresses are allowed, for services whose addresses change; engines that
+    # support them re-resolve them periodically.
+    allowed_domains: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InstanceSpec:
     """What ``provision`` needs: the plan's caps and how the control plane gets in."""
 
@@ -84,6 +120,8 @@ class InstanceSpec:
     image_profile: str = "minimal"
     # The workspace the desktop belongs to, for engines that spread a workspace's desktops.
     workspace: str = ""
+    # Where the desktop may connect from its first boot on (later changes: ``apply_network_policy``).
+    network_policy: NetworkPolicy = field(default_factory=NetworkPolicy)
     # Extra files written into the guest at provision (path -> text or bytes), e.g. the
     # desktop-scoped token of the `bureau` helper.
     files: dict[str, str | bytes] = field(default_factory=dict)
@@ -116,17 +154,6 @@ class ConsoleTicket:
 class InstanceUsage:
     memory_bytes: int
     cpu_seconds: float
-
-
-@dataclass(frozen=True)
-class NetworkPolicy:
-    """Egress rules for one desktop; desktops never reach each other whatever this says."""
-
-    allow_internet: bool = True
-    allowed_cidrs: tuple[str, ...] = ()
-    # Names whose current addresses are allowed, for services whose addresses change; engines that
-    # support them re-resolve them periodically.
-    allowed_domains: tuple[str, ...] = ()
 
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -210,6 +237,11 @@ class ComputeDriver(abc.ABC):
 
     @abc.abstractmethod
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None: ...
+
+    def blocked_egress(self, key: str) -> BlockedEgress | None:
+        """What the instance tried to reach and its egress policy refused, the latest first; None where
+        the engine cannot tell."""
+        return None
 
     def usage(self, key: str) -> InstanceUsage | None:
         """What the instance uses now, where the engine can tell; None where it cannot."""

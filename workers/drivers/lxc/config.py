@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,12 +14,12 @@ from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX
 
 
 def host_nameservers() -> tuple[str, ...]:
-    """The host's own resolvers, but loopback ones (a desktop cannot reach the host's 127.0.0.53)."""
+    """The host's own resolvers, where the desktops' resolvers (on the host) send the names they allow."""
     servers = []
     with contextlib.suppress(OSError), open("/etc/resolv.conf") as f:
         for line in f:
             fields = line.split()
-            if len(fields) >= 2 and fields[0] == "nameserver" and not fields[1].startswith("127."):
+            if len(fields) >= 2 and fields[0] == "nameserver":
                 servers.append(fields[1])
     return tuple(servers)
 
@@ -46,7 +47,11 @@ class LxcConfig:
     host_tcp_ports: tuple[int, ...] = ()
     # Destinations no desktop ever reaches, whatever its egress policy.
     denied_cidrs: tuple[str, ...] = DENIED_CIDRS
-    dns_servers: tuple[str, ...] = field(default_factory=host_nameservers)
+    # Where each desktop's resolver (on this host) sends the names it allows.
+    upstream_dns: tuple[str, ...] = field(default_factory=host_nameservers)
+    # Each desktop's resolver listens on the host's bridge address, at this port plus the desktop's
+    # place in the subnet.
+    resolver_port_base: int = 30000
     # What must answer before a desktop counts as up (SSH, VNC), and for how long to wait.
     ready_ports: tuple[int, ...] = (22, 5900)
     ready_timeout: float = 30.0
@@ -55,6 +60,8 @@ class LxcConfig:
     def __post_init__(self):
         if not re.fullmatch(r"[a-z][a-z0-9]{1,4}", self.veth_prefix):
             raise ValueError(f"veth_prefix {self.veth_prefix!r}: 2 to 5 lowercase letters or digits")
+        if not 1024 <= self.resolver_port_base <= 65535 - ipaddress.ip_network(self.subnet).num_addresses:
+            raise ValueError(f"resolver_port_base {self.resolver_port_base}: no room for a port per address")
 
     @classmethod
     def from_env(cls, env: Env | None = None) -> LxcConfig:
@@ -71,4 +78,6 @@ class LxcConfig:
             veth_prefix=env.str("LXC_VETH_PREFIX", defaults["veth_prefix"].default),
             host_tcp_ports=tuple(env.list("LXC_HOST_TCP_PORTS", [], subcast=int)),
             denied_cidrs=tuple(env.list("LXC_DENIED_CIDRS", list(DENIED_CIDRS))),
+            upstream_dns=tuple(env.list("LXC_UPSTREAM_DNS", list(host_nameservers()))),
+            resolver_port_base=env.int("LXC_RESOLVER_PORT_BASE", defaults["resolver_port_base"].default),
         )

@@ -18,11 +18,14 @@ import socket
 from pathlib import Path
 
 from workers.drivers.base import (
+    ALLOWED_DOMAIN,
     IMAGE_MISSING,
     NO_CAPACITY,
     NOT_PROVISIONED,
     NOT_RESUMABLE,
     NOT_SUSPENDABLE,
+    BlockedDestination,
+    BlockedEgress,
     ComputeDriver,
     ControlPlane,
     DriverError,
@@ -36,7 +39,7 @@ from workers.drivers.base import (
     check_spec,
     no_progress,
 )
-from workers.drivers.lxc import guest_files, network, storage
+from workers.drivers.lxc import guest_files, network, resolver, storage
 from workers.drivers.lxc.config import LxcConfig
 from workers.drivers.lxc.container import Lxc, is_ours, render_config, wait_ready, write_config
 from workers.drivers.lxc.state import NETWORK_LOCK, DesktopStore, checked_key
@@ -66,17 +69,20 @@ class LxcDriver(ComputeDriver):
         with self.store.locked(key):
             progress(ProvisionStep.CLONE)
             meta = self.store.read(key) or self._new_meta(spec)
+            # From the first boot on, the desktop goes only where its policy lets it.
+            meta.update(_policy_fields(spec.network_policy))
+            self.store.write(key, meta)
             base = self.store.dir(key)
             write_config(self.store.config_path(key), render_config(self.config, spec, meta, base / "rootfs"))
             storage.ensure_disk(base, spec.disk_gib)
             storage.mount(base, meta["image"], self.config.id_base)
             progress(ProvisionStep.NETWORK)
             self._sync_network()
+            self._ensure_resolver(meta)
             progress(ProvisionStep.KEYS)
             if not (base / "seeded").exists():
-                guest_files.seed(
-                    base / "rootfs", spec, dns_servers=self.config.dns_servers, id_base=self.config.id_base
-                )
+                gateway = network.gateway_of(self.config.subnet)
+                guest_files.seed(base / "rootfs", spec, nameserver=gateway, id_base=self.config.id_base)
                 (base / "seeded").touch()
             progress(ProvisionStep.BOOT)
             self.lxc.thaw_or_start(key, base / "lxc.log")
@@ -97,6 +103,7 @@ class LxcDriver(ComputeDriver):
                     )
                 self._sync_network()
                 storage.mount(base, meta["image"], self.config.id_base)
+            self._ensure_resolver(meta)
             if self.lxc.thaw_or_start(key, base / "lxc.log"):
                 wait_ready(key, meta["ip"], self.config)
             return self._status(key)
@@ -107,6 +114,7 @@ class LxcDriver(ComputeDriver):
             self.store.existing(key, "stop")
             self.lxc.stop(key, force=False)
             storage.unmount(self.store.dir(key), required=False)
+            resolver.stop(self.store.dir(key))
             return self._status(key)
 
     def suspend(self, key: str) -> InstanceStatus:
@@ -142,6 +150,7 @@ class LxcDriver(ComputeDriver):
                 self.lxc.stop(key, force=True)
                 shutil.rmtree(self.config.lxc_path / key)
             storage.unmount(self.store.dir(key), required=True)
+            resolver.stop(self.store.dir(key))
             # Its meta.json goes with it, and with it the lease on its address.
             if self.store.dir(key).exists():
                 shutil.rmtree(self.store.dir(key))
@@ -164,6 +173,17 @@ class LxcDriver(ComputeDriver):
         except (OSError, KeyError, ValueError):
             return None  # stopped, or gone between the check and the read
 
+    def blocked_egress(self, key: str) -> BlockedEgress | None:
+        """From its resolver's log (names) and its set of refused addresses (with counts of packets)."""
+        meta = self.store.read(checked_key(key))
+        if meta is None:
+            return None
+        found = network.blocked_destinations(self.config.nft_table, meta["veth"])
+        return BlockedEgress(
+            names=tuple(resolver.refused_names(self.store.dir(key))),
+            addresses=tuple(BlockedDestination(address, packets, ago) for address, packets, ago in found),
+        )
+
     def disk_usage(self, key: str) -> int | None:
         """The space used in the desktop's disk image, while it is mounted."""
         return storage.used_bytes(self.store.dir(checked_key(key)))
@@ -183,22 +203,32 @@ class LxcDriver(ComputeDriver):
 
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
         key = checked_key(key)
-        if policy.allowed_domains:
-            raise DriverError(
-                "the LXC engine cannot allow domains by name; allow their addresses as CIDRs instead"
-            )
-        cidrs = []
-        for cidr in policy.allowed_cidrs:
-            try:
-                cidrs.append(str(ipaddress.IPv4Network(cidr, strict=False)))
-            except ValueError as exc:
-                raise DriverError(f"allowed CIDR {cidr!r} is not an IPv4 network: {exc}") from exc
+        fields = _policy_fields(policy)
         with self.store.locked(key):
             meta = self.store.existing(key, "change the network policy of")
-            meta["allow_internet"] = policy.allow_internet
-            meta["allowed_cidrs"] = cidrs
+            changed = any(meta.get(name) != value for name, value in fields.items())
+            meta.update(fields)
             self.store.write(key, meta)
             self._sync_network()
+            if self.lxc.state(key) != InstanceState.STOPPED:
+                self._ensure_resolver(meta)  # restarted with the new policy, so with nothing cached
+            if changed:
+                # What the former policy let it resolve goes with it.
+                network.forget_allowed(self.config.nft_table, meta["veth"])
+
+    def maintenance(self) -> dict:
+        """Trim the resolvers' logs; restart those of desktops that are up but whose resolver died (or
+        the host rebooted)."""
+        restarted = []
+        for meta in self.store.all():
+            key = meta["key"]
+            resolver.trim_log(self.store.dir(key))
+            up = self._status(key).state in (InstanceState.RUNNING, InstanceState.SUSPENDED)
+            if up and not resolver.running(self.store.dir(key)):
+                with self.store.locked(key):
+                    self._ensure_resolver(meta)
+                restarted.append(key)
+        return {"resolvers_restarted": restarted} if restarted else {}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -248,8 +278,7 @@ class LxcDriver(ComputeDriver):
                 # Interface names have at most 15 characters.
                 "veth": f"{self.config.veth_prefix}{digest[: 15 - len(self.config.veth_prefix)]}",
                 "hwaddr": "00:16:3e:" + ":".join(digest[i : i + 2] for i in (12, 14, 16)),
-                "allow_internet": True,
-                "allowed_cidrs": [],
+                **_policy_fields(spec.network_policy),
             }
             # Written under the lock, so the next allocation sees this address taken.
             self.store.write(spec.key, meta)
@@ -261,7 +290,12 @@ class LxcDriver(ComputeDriver):
         with self.store.locked(NETWORK_LOCK):
             desktops = [
                 network.DesktopRules(
-                    m["ip"], m["veth"], m["hwaddr"], m["allow_internet"], tuple(m["allowed_cidrs"])
+                    m["ip"],
+                    m["veth"],
+                    m["hwaddr"],
+                    m["allow_internet"],
+                    tuple(m["allowed_cidrs"]),
+                    network.resolver_port(config.subnet, m["ip"], config.resolver_port_base),
                 )
                 for m in self.store.all()
             ]
@@ -276,8 +310,39 @@ class LxcDriver(ComputeDriver):
                         config.nft_table,
                         config.veth_prefix,
                         config.denied_cidrs,
-                        config.dns_servers,
+                        network.existing_desktop_sets(config.nft_table),
                     )
                 )
             except RuntimeError as exc:
                 raise DriverError(f"could not set up the desktops' network: {exc}") from exc
+
+    def _ensure_resolver(self, meta: dict) -> None:
+        config = self.config
+        directory = self.store.dir(meta["key"])
+        conf = resolver.render_conf(
+            listen=network.gateway_of(config.subnet),
+            port=network.resolver_port(config.subnet, meta["ip"], config.resolver_port_base),
+            upstreams=config.upstream_dns,
+            allow_internet=meta["allow_internet"],
+            domains=tuple(meta.get("allowed_domains", ())),
+            nftset=f"inet#{config.nft_table}_dns#{network.allowed_set(meta['veth'])}",
+            pid_file=directory / resolver.PID,
+            log_file=directory / resolver.LOG,
+        )
+        resolver.ensure(directory, conf)
+
+
+def _policy_fields(policy: NetworkPolicy) -> dict:
+    """What the desktop's record keeps of its egress policy, checked: networks and names only."""
+    cidrs, domains = [], []
+    for cidr in policy.allowed_cidrs:
+        try:
+            cidrs.append(str(ipaddress.IPv4Network(cidr, strict=False)))
+        except ValueError as exc:
+            raise DriverError(f"allowed CIDR {cidr!r} is not an IPv4 network: {exc}") from exc
+    for name in policy.allowed_domains:
+        domain = name.strip().rstrip(".").lower()
+        if not ALLOWED_DOMAIN.fullmatch(domain):
+            raise DriverError(f"allowed domain {name!r} is not a domain name")
+        domains.append(domain)
+    return {"allow_internet": policy.allow_internet, "allowed_cidrs": cidrs, "allowed_domains": domains}

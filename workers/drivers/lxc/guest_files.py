@@ -14,7 +14,7 @@ AGENT_UID = 1000
 AGENT_HOME = "/home/agent"
 
 
-def seed(root: Path, spec: InstanceSpec, *, dns_servers: tuple[str, ...], id_base: int) -> None:
+def seed(root: Path, spec: InstanceSpec, *, nameserver: str, id_base: int) -> None:
     """Identity (hostname, machine id, SSH host key), the control plane's key, and ``spec.files``."""
     hostname = guest_hostname(spec.hostname)
     with tempfile.TemporaryDirectory() as tmp:
@@ -27,7 +27,8 @@ def seed(root: Path, spec: InstanceSpec, *, dns_servers: tuple[str, ...], id_bas
     files: list[tuple[str, str | bytes, int, int]] = [
         ("/etc/hostname", f"{hostname}\n", 0o644, 0),
         ("/etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost\n", 0o644, 0),
-        ("/etc/resolv.conf", "".join(f"nameserver {s}\n" for s in dns_servers), 0o644, 0),
+        # The desktop's resolver; DNS sent anywhere else gets its answers too.
+        ("/etc/resolv.conf", f"nameserver {nameserver}\n", 0o644, 0),
         ("/etc/machine-id", secrets.token_hex(16) + "\n", 0o444, 0),
         ("/etc/ssh/ssh_host_ed25519_key", host_key, 0o600, 0),
         ("/etc/ssh/ssh_host_ed25519_key.pub", host_key_pub, 0o644, 0),

@@ -5,6 +5,13 @@ address and egress policy into the whole of the project's two nftables tables, a
 replaces them in one atomic ``nft -f`` transaction. Rebuilding everything on each change keeps it
 idempotent and self-healing (a host reboot or a hand edit is repaired by the next change).
 
+The addresses each desktop's resolver has let it reach (``resolver``), and those a desktop without
+the internet tried and failed to reach, live in a third table, ``<table>_dns``, which a change never
+replaces, only completes: they would otherwise be forgotten whenever another desktop starts. Its
+forward chain runs first and marks the packets of a desktop to an address of its allowed set; the main
+table lets marked packets of a desktop without the internet through, once the networks no desktop
+reaches have been dropped.
+
 Run as a module to create the bridge and an empty firewall (``image-build/host-setup.sh`` does)::
 
     python3 workers/drivers/lxc/network.py --bridge lbbr0 --subnet 10.213.0.0/24
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import subprocess
 from dataclasses import dataclass, field
 
@@ -42,6 +50,15 @@ DENIED_CIDRS = (
 )
 
 
+# The mark of a desktop's packet to an address its resolver allowed (see the module's docstring).
+ALLOWED_MARK = 0x00004C42
+# How long an address a resolver allowed stays allowed after it was put there or last used (a look-up
+# does not renew it, but puts it back once gone).
+ALLOWED_FOR = 86400
+# The blocked destinations kept per desktop, and for how long after the last attempt.
+BLOCKED_KEPT, BLOCKED_FOR = 256, 7 * 86400
+
+
 @dataclass(frozen=True)
 class DesktopRules:
     ip: str
@@ -51,6 +68,23 @@ class DesktopRules:
     mac: str
     allow_internet: bool = True
     allowed_cidrs: tuple[str, ...] = field(default_factory=tuple)
+    # Where on the host's bridge address the desktop's resolver listens (its DNS is sent there).
+    resolver_port: int = 0
+
+
+def allowed_set(veth: str) -> str:
+    """The name of the desktop's set of addresses its resolver allowed, in the ``<table>_dns`` table."""
+    return f"allow_{veth}"
+
+
+def blocked_set(veth: str) -> str:
+    """The name of the desktop's set of addresses it could not reach, each with its count of packets."""
+    return f"blocked_{veth}"
+
+
+def resolver_port(subnet: str, ip: str, base: int) -> int:
+    """Each address of the subnet has a port of its own for its resolver, from ``base`` on."""
+    return base + int(ipaddress.ip_address(ip)) - int(ipaddress.ip_network(subnet).network_address)
 
 
 def gateway_of(subnet: str) -> str:
@@ -66,8 +100,10 @@ def render_ruleset(
     table: str = TABLE,
     veth_prefix: str = VETH_PREFIX,
     denied_cidrs: tuple[str, ...] = DENIED_CIDRS,
-    dns_servers: tuple[str, ...] = (),
+    existing_sets: tuple[str, ...] = (),
 ) -> str:
+    """The project's tables for these desktops; ``existing_sets`` are the sets the ``_dns`` table holds
+    now (those of desktops gone are deleted)."""
     gateway = gateway_of(subnet)
     ips = sorted({d.ip for d in desktops}, key=ipaddress.ip_address)
     no_internet = sorted({d.ip for d in desktops if not d.allow_internet}, key=ipaddress.ip_address)
@@ -85,14 +121,8 @@ def render_ruleset(
     def elements(items: list[str]) -> str:
         return f"elements = {{ {', '.join(items)} }}" if items else ""
 
-    # The resolvers desktops are given may sit in a denied network: port 53 of them stays open.
-    resolvers = sorted(
-        {d for d in dns_servers if ipaddress.ip_address(d).version == 4}, key=ipaddress.ip_address
-    )
-    dns_rule = ""
-    if resolvers:
-        to_resolvers = f'iifname "{bridge}" ip daddr {{ {", ".join(resolvers)} }}'
-        dns_rule = f"{to_resolvers} meta l4proto {{ tcp, udp }} th dport 53 accept"
+    resolvers = sorted(f"{d.ip} : {gateway} . {d.resolver_port}" for d in desktops if d.resolver_port)
+    mark = f"{ALLOWED_MARK:#010x}"
     ports = ", ".join(str(p) for p in sorted(set(host_tcp_ports)))
     host_ports_rule = f"tcp dport {{ {ports} }} accept" if ports else ""
     # The leading "add table" makes the "delete table" valid when the table does not exist yet,
@@ -105,6 +135,13 @@ table inet {table} {{
     set no_internet {{ type ipv4_addr; {elements(no_internet)} }}
     set egress_allow {{ type ipv4_addr . ipv4_addr; flags interval; {elements(egress)} }}
     set denied {{ type ipv4_addr; flags interval; {elements(denied)} }}
+    map resolvers {{ type ipv4_addr : ipv4_addr . inet_service; {elements(resolvers)} }}
+
+    # Whatever resolver a desktop asks, its own answers.
+    chain prerouting {{
+        type nat hook prerouting priority dstnat; policy accept;
+        iifname "{bridge}" meta l4proto {{ tcp, udp }} th dport 53 dnat ip to ip saddr map @resolvers
+    }}
 
     chain input {{
         type filter hook input priority filter; policy accept;
@@ -112,7 +149,8 @@ table inet {table} {{
         ct state established,related accept
         ip saddr != @desktops drop
         icmp type echo-request accept
-        udp dport {{ 53, 67 }} ip daddr {{ {gateway}, 255.255.255.255 }} accept
+        meta l4proto {{ tcp, udp }} ct original proto-dst 53 ct status dnat accept
+        udp dport 67 ip daddr {{ {gateway}, 255.255.255.255 }} accept
         {host_ports_rule}
         drop
     }}
@@ -124,9 +162,9 @@ table inet {table} {{
         oifname "{bridge}" drop
         iifname "{bridge}" meta nfproto ipv6 drop
         iifname "{bridge}" ip saddr != @desktops drop
-        {dns_rule}
         iifname "{bridge}" ip daddr @denied counter drop
         iifname "{bridge}" ip saddr @no_internet ip saddr . ip daddr @egress_allow accept
+        iifname "{bridge}" ip saddr @no_internet meta mark & {mark} == {mark} accept
         iifname "{bridge}" ip saddr @no_internet drop
     }}
 
@@ -156,7 +194,84 @@ table bridge {table} {{
         iifname "{veth_prefix}*" oifname "{veth_prefix}*" drop
     }}
 }}
-"""
+{_render_dns_table(table, desktops, existing_sets)}"""
+
+
+def _render_dns_table(table: str, desktops: list[DesktopRules], existing: tuple[str, ...]) -> str:
+    """The ``_dns`` table completed, never replaced: its sets keep what the resolvers put in them, and
+    what each desktop without the internet tried to reach and could not (per address, with a counter)."""
+    dns = f"{table}_dns"
+    by_veth = {d.veth: d for d in desktops}
+    lines = [f"add table inet {dns}"]
+    for veth in sorted(by_veth):
+        lines += [
+            f"add set inet {dns} {allowed_set(veth)} "
+            f"{{ type ipv4_addr; flags dynamic, timeout; timeout {ALLOWED_FOR}s; }}",
+            f"add set inet {dns} {blocked_set(veth)} "
+            f"{{ type ipv4_addr; size {BLOCKED_KEPT}; flags dynamic, timeout; timeout {BLOCKED_FOR}s; }}",
+        ]
+    lines += [
+        f"add chain inet {dns} forward {{ type filter hook forward priority filter - 1; policy accept; }}",
+        f"flush chain inet {dns} forward",
+    ]
+    mark = f"{ALLOWED_MARK:#010x}"
+    for veth, d in sorted(by_veth.items()):
+        if d.allow_internet:
+            continue
+        allowed, blocked = allowed_set(veth), blocked_set(veth)
+        # Each use keeps the address allowed for ALLOWED_FOR more.
+        lines.append(
+            f"add rule inet {dns} forward ip saddr {d.ip} ip daddr @{allowed} "  # noqa: S608 (nft, not SQL)
+            f"update @{allowed} {{ ip daddr }} meta mark set meta mark | {mark}"
+        )
+        # What the main table drops: new connections neither marked above nor to an allowed network.
+        networks = f"ip daddr != {{ {', '.join(d.allowed_cidrs)} }} " if d.allowed_cidrs else ""
+        lines.append(
+            f"add rule inet {dns} forward ip saddr {d.ip} ct state new meta mark & {mark} != {mark} "
+            f"{networks}update @{blocked} {{ ip daddr counter }}"
+        )
+    lines += [f"delete set inet {dns} {name}" for name in sorted(set(existing) - _set_names(by_veth))]
+    return "\n".join(lines) + "\n"
+
+
+def _set_names(veths) -> set[str]:
+    return {name for veth in veths for name in (allowed_set(veth), blocked_set(veth))}
+
+
+def existing_desktop_sets(table: str) -> tuple[str, ...]:
+    """The desktops' sets the ``_dns`` table holds now (none when it does not exist yet)."""
+    listed = run(["nft", "-j", "list", "table", "inet", f"{table}_dns"])
+    if listed.returncode != 0:
+        return ()
+    items = json.loads(listed.stdout)["nftables"]
+    return tuple(i["set"]["name"] for i in items if "set" in i and i["set"]["table"] == f"{table}_dns")
+
+
+def blocked_destinations(table: str, veth: str) -> list[tuple[str, int, int]]:
+    """What the desktop tried to reach and could not: (address, packets, seconds since the last), the
+    latest first."""
+    listed = run(["nft", "-j", "list", "set", "inet", f"{table}_dns", blocked_set(veth)])
+    if listed.returncode != 0:
+        return []
+    items = json.loads(listed.stdout)["nftables"]
+    elements = next((i["set"].get("elem", []) for i in items if "set" in i), [])
+    found = [
+        (e["elem"]["val"], e["elem"]["counter"]["packets"], BLOCKED_FOR - e["elem"]["expires"])
+        for e in elements
+        if isinstance(e, dict) and "counter" in e.get("elem", {})
+    ]
+    return sorted(found, key=lambda f: f[2])
+
+
+def forget_allowed(table: str, veth: str) -> None:
+    """Empty a desktop's allowed set: what its former policy let it resolve is no longer reachable."""
+    run(["nft", "flush", "set", "inet", f"{table}_dns", allowed_set(veth)])
+
+
+def remove_tables(table: str) -> None:
+    """The project's tables, gone (a test's bridge going with the test)."""
+    for family, name in (("inet", table), ("bridge", table), ("inet", f"{table}_dns")):
+        run(["nft", "delete", "table", family, name])
 
 
 def apply(ruleset: str) -> None:

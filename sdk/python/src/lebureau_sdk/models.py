@@ -282,6 +282,19 @@ class QuotaUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class Egress:
+    """Where desktops may connect: `open`, `allowlist` (the entries, and the LLM keys' hosts) or `deny`."""
+
+    mode: str
+    entries: list[str]
+    allow_llm_providers: bool
+    llm_hosts: list[str]
+    inherited: bool
+    updated_at: datetime | None
+    updated_by: str
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     running_hours: Decimal
     suspended_hours: Decimal

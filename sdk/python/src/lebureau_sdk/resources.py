@@ -42,6 +42,10 @@ DESKTOP_LABELS = Endpoint("POST", "/api/desktops/{desktop_id}/labels", m.Desktop
 DESKTOP_EXEC = Endpoint(
     "POST", "/api/desktops/{desktop_id}/exec", m.ExecResult, body=("command", "argv", "timeout", "stdin")
 )
+EGRESS_FIELDS = ("mode", "entries", "allow_llm_providers")
+DESKTOP_EGRESS = Endpoint("GET", "/api/desktops/{desktop_id}/egress", m.Egress)
+DESKTOP_EGRESS_SET = Endpoint("PUT", "/api/desktops/{desktop_id}/egress", m.Egress, body=EGRESS_FIELDS)
+DESKTOP_EGRESS_INHERIT = Endpoint("DELETE", "/api/desktops/{desktop_id}/egress", m.Egress)
 BULK_CREATE = Endpoint(
     "POST",
     "/api/desktops/bulk",
@@ -198,6 +202,31 @@ class Desktops(Resource[M]):
         self, desktop_id: str, *, add: Sequence[str] | None = None, remove: Sequence[str] | None = None
     ) -> Plan[m.Desktop]:
         return (yield DESKTOP_LABELS.call(desktop_id=desktop_id, add=add, remove=remove))
+
+    @operation(DESKTOP_EGRESS)
+    def egress(self, desktop_id: str) -> Plan[m.Egress]:
+        """Where the desktop may connect: its own policy, or its workspace's (`inherited`)."""
+        return (yield DESKTOP_EGRESS.call(desktop_id=desktop_id))
+
+    @operation(DESKTOP_EGRESS_SET)
+    def set_egress(
+        self,
+        desktop_id: str,
+        mode: str,
+        *,
+        entries: Sequence[str] | None = None,
+        allow_llm_providers: bool | None = None,
+    ) -> Plan[m.Egress]:
+        """Give the desktop a policy of its own (admins); it applies within seconds, running or not."""
+        call = DESKTOP_EGRESS_SET.call(
+            desktop_id=desktop_id, mode=mode, entries=entries, allow_llm_providers=allow_llm_providers
+        )
+        return (yield call)
+
+    @operation(DESKTOP_EGRESS_INHERIT)
+    def inherit_egress(self, desktop_id: str) -> Plan[m.Egress]:
+        """Drop the desktop's own policy: it follows its workspace's again."""
+        return (yield DESKTOP_EGRESS_INHERIT.call(desktop_id=desktop_id))
 
     @operation(DESKTOP_EXEC)
     def exec(
@@ -481,6 +510,8 @@ WORKSPACE_USAGE = Endpoint("GET", "/api/workspaces/{workspace_id}/usage", m.Work
 WORKSPACE_COSTS = Endpoint("GET", "/api/workspaces/{workspace_id}/costs", m.MonthCosts, query=("month",))
 WORKSPACE_QUOTA = Endpoint("GET", "/api/workspaces/{workspace_id}/quota", m.QuotaUsage)
 WORKSPACE_LABELS = Endpoint("GET", "/api/workspaces/{workspace_id}/labels", m.LabelCount, paged=True)
+WORKSPACE_EGRESS = Endpoint("GET", "/api/workspaces/{workspace_id}/egress", m.Egress)
+WORKSPACE_EGRESS_SET = Endpoint("PUT", "/api/workspaces/{workspace_id}/egress", m.Egress, body=EGRESS_FIELDS)
 MEMBERS = Endpoint("GET", "/api/workspaces/{workspace_id}/members", m.Membership, paged=True)
 MEMBER_UPDATE = Endpoint(
     "PATCH", "/api/workspaces/{workspace_id}/members/{membership_id}", m.Membership, body=("role",)
@@ -546,6 +577,26 @@ class Workspaces(Resource[M]):
     @operation(WORKSPACE_QUOTA)
     def quota(self, workspace_id: str) -> Plan[m.QuotaUsage]:
         return (yield WORKSPACE_QUOTA.call(workspace_id=workspace_id))
+
+    @operation(WORKSPACE_EGRESS)
+    def egress(self, workspace_id: str) -> Plan[m.Egress]:
+        """Where the workspace's desktops may connect (but those with a policy of their own)."""
+        return (yield WORKSPACE_EGRESS.call(workspace_id=workspace_id))
+
+    @operation(WORKSPACE_EGRESS_SET)
+    def set_egress(
+        self,
+        workspace_id: str,
+        mode: str,
+        *,
+        entries: Sequence[str] | None = None,
+        allow_llm_providers: bool | None = None,
+    ) -> Plan[m.Egress]:
+        """Set the workspace's policy (admins); running desktops follow it within seconds."""
+        call = WORKSPACE_EGRESS_SET.call(
+            workspace_id=workspace_id, mode=mode, entries=entries, allow_llm_providers=allow_llm_providers
+        )
+        return (yield call)
 
     @streaming(WORKSPACE_LABELS)
     def labels(self, workspace_id: str) -> Stream[m.LabelCount]:
