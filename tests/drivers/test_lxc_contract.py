@@ -456,6 +456,25 @@ def test_a_resolver_that_died_is_restarted_by_the_engines_maintenance(
     assert lxc_driver.maintenance() == {}
 
 
+def test_a_resolver_left_by_a_desktop_that_is_gone_gives_up_its_port(
+    lxc_driver, desktops, client_key, internet
+):
+    """An engine stopped between starting a resolver and writing its pid left it running with the port
+    that the next desktop given the same address needs: that desktop's resolver could not start."""
+    spec, status = desktops(
+        network_policy=NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
+    )
+    directory = lxc_driver.store.dir(spec.key)
+    resolver.stop(directory)
+    ghost = directory.parent / "dsk_ghost000000000000"
+    ghost.mkdir()
+    shutil.copy(directory / resolver.CONF, ghost / resolver.CONF)
+    subprocess.run(["dnsmasq", f"--conf-file={ghost / resolver.CONF}"], check=True)
+    shutil.rmtree(ghost)
+    assert lxc_driver.maintenance() == {"resolvers_restarted": [spec.key]}
+    assert fetched(status.private_ip, client_key, "http://allowed.test/") == f"stand-in {ALLOWED}"
+
+
 def test_an_address_a_name_resolves_to_in_a_denied_network_stays_denied(
     lxc_driver, desktops, client_key, internet
 ):

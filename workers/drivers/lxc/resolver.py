@@ -70,9 +70,14 @@ def ensure(directory: Path, conf: str) -> None:
     """Run the resolver with this configuration: started if it is not running, restarted if it changed."""
     path = directory / CONF
     changed = not path.exists() or path.read_text() != conf
-    if not changed and _pid(directory) is not None:
+    if not changed and running(directory):
         return
     stop(directory)
+    # A resolver whose desktop is gone (its engine was stopped between starting it and writing its pid)
+    # may still hold the port this desktop's address maps to.
+    for pid, other in _resolvers().items():
+        if other.parent.parent == directory.parent and not other.exists():
+            _kill(pid)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(conf)
     tmp.replace(path)
@@ -82,9 +87,12 @@ def ensure(directory: Path, conf: str) -> None:
 
 
 def stop(directory: Path) -> None:
-    pid = _pid(directory)
-    if pid is None:
-        return
+    for pid, conf in _resolvers().items():
+        if conf == directory / CONF:
+            _kill(pid)
+
+
+def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
@@ -124,17 +132,23 @@ def trim_log(directory: Path) -> None:
 
 
 def running(directory: Path) -> bool:
-    return _pid(directory) is not None
+    return any(conf == directory / CONF and _alive(pid) for pid, conf in _resolvers().items())
 
 
-def _pid(directory: Path) -> int | None:
-    """The pid of this desktop's resolver, if it runs (a pid file may outlive it, and its pid be reused)."""
-    try:
-        pid = int((directory / PID).read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    return pid if f"--conf-file={directory / CONF}".encode() in cmdline.split(b"\0") else None
+def _resolvers() -> dict[int, Path]:
+    """Every desktop resolver running on the host, by pid, with its configuration file: found by their
+    command line rather than their pid files, which a resolver may not have written yet."""
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if args[0].endswith(b"dnsmasq"):
+            for arg in args:
+                if arg.startswith(b"--conf-file=") and arg.endswith(CONF.encode()):
+                    found[int(cmdline.parent.name)] = Path(arg.removeprefix(b"--conf-file=").decode())
+    return found
 
 
 def _alive(pid: int) -> bool:
