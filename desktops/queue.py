@@ -12,6 +12,7 @@ from django.db import transaction
 
 DESKTOP_STEP = "workers.tasks.desktop_{action}"
 CHAT_DELIVER = "workers.tasks.chat_deliver"
+CHAT_STOP = "workers.tasks.chat_stop"
 WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
 SCHEDULE_FIRE = "workers.tasks.schedule_fire"
 

@@ -19,6 +19,11 @@ env.read_env(BASE_DIR / ".env", recurse=False)
 DEBUG = env.bool("DJANGO_DEBUG", False)
 SECRET_KEY = env.str("SECRET_KEY")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# What desktops dial to reach the control plane: the guest endpoint, a listener of its own that serves
+# nothing else (`lebureau.guest_asgi`, GUEST_PORT), on the desktops' side of the host. Their firewall
+# lets them reach this port of the host and no other (LXC_HOST_TCP_PORTS).
+GUEST_URL = env.str("GUEST_URL", "http://10.213.0.1:8001")
+ALLOWED_HOSTS.append(urlsplit(GUEST_URL).hostname)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", [])
 SITE_URL = env.str("SITE_URL", "http://127.0.0.1:8000")
 
@@ -232,6 +237,12 @@ CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
 # followed at once, and lifecycle steps (create, start, stop…) carried out at once.
 CHAT_TURNS_PER_WORKSPACE = env.int("CHAT_TURNS_PER_WORKSPACE", 4)
 LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
+# Requests for approval nobody answered in time are refused.
+CELERY_BEAT_SCHEDULE["approvals-expire"] = {
+    "task": "workers.tasks.approvals_expire",
+    "schedule": 30.0,
+    "options": {"expires": 30.0},
+}
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",
     "schedule": CHAT_STALE_AFTER / 2,

@@ -11,9 +11,9 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, chat, engines, lifecycle, schedules, selectors
+from desktops import agent_config, approvals, chat, engines, lifecycle, schedules, selectors
 from desktops.engines import TransientDriverError
-from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
+from desktops.queue import CHAT_DELIVER, CHAT_STOP, DESKTOP_STEP, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
@@ -164,6 +164,23 @@ def chat_follow(*, message_id: str, follower: str) -> None:
             chat_deliver.delay(desktop_id=desktop_id)
 
 
+@shared_task(
+    name=CHAT_STOP,
+    acks_late=True,
+    autoretry_for=SSH_TRANSIENT,
+    retry_backoff=2,
+    max_retries=settings.DRIVER_RETRY_MAX,
+    soft_time_limit=60,
+)
+def chat_stop(*, message_id: str, started: bool) -> None:
+    """An operator cancelled a turn: end its processes in the desktop, then let the queue move on."""
+    workspace_id = chat.chat_stop(message_id=message_id, started=started)
+    if workspace_id:
+        schedules.schedule_turn_ended(message_id=message_id)
+        for desktop_id in chat.chat_waiting(workspace_id=workspace_id):
+            chat_deliver.delay(desktop_id=desktop_id)
+
+
 @shared_task(name="workers.tasks.chat_resume", acks_late=True, soft_time_limit=60)
 def chat_resume() -> None:
     """Hand turns whose worker died to a live one, and restart stalled queues."""
@@ -172,6 +189,12 @@ def chat_resume() -> None:
         chat_follow.delay(message_id=message_id, follower=follower)
     for desktop_id in stalled:
         chat_deliver.delay(desktop_id=desktop_id)
+
+
+@shared_task(name="workers.tasks.approvals_expire", acks_late=True, soft_time_limit=60)
+def approvals_expire() -> int:
+    """Beat: refuse the requests for approval whose time is up."""
+    return approvals.approvals_expire()
 
 
 @shared_task(name="workers.tasks.schedules_run", acks_late=True, soft_time_limit=50)

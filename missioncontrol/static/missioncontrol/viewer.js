@@ -191,11 +191,37 @@ const shown = new Map(); // message id -> { item, content }
 let loads = 0; // the latest conversation fetch; an older one that answers late is dropped
 let held = null; // events that arrive while a fetch is under way, applied on top of it
 
+// Words the page shows, translated by the template.
+const words = root.dataset;
+
 function render(entry, status) {
   const waiting = status === "queued" || status === "running";
   entry.item.classList.toggle("pending", waiting);
   entry.item.classList.toggle("error", status === "error");
+  entry.item.classList.toggle("cancelled", status === "cancelled");
   entry.item.textContent = entry.content || (waiting ? "The agent is working…" : "");
+  if (status === "cancelled") {
+    const note = document.createElement("span");
+    note.className = "muted";
+    note.textContent = ` (${words.stoppedLabel})`;
+    entry.item.append(note);
+  }
+  if (waiting && canControl) {
+    // Stops the turn in the desktop (the agent and what it started), or drops it from the queue.
+    const stop = document.createElement("button");
+    stop.className = "danger stop-turn";
+    stop.textContent = words.stopLabel;
+    stop.addEventListener("click", async () => {
+      stop.disabled = true;
+      try {
+        await api(`/chat/${entry.item.dataset.message}/cancel`, { method: "POST" });
+      } catch (error) {
+        alert(error.message);
+      }
+      loadChat();
+    });
+    entry.item.append(" ", stop);
+  }
 }
 
 async function loadChat() {
@@ -234,7 +260,7 @@ function applyChat(event) {
   if (event.desktop_id !== desktopId) return;
   if (held) return held.push(event);
   const entry = shown.get(event.message_id);
-  const finished = event.status === "done" || event.status === "error";
+  const finished = ["done", "error", "cancelled"].includes(event.status);
   if (!entry) return loadChat(); // a message this page has not seen yet
   if (finished) {
     entry.content = event.text;

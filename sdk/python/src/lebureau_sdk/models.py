@@ -107,7 +107,7 @@ class ChatMessage:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("done", "error")
+        return self.status in ("done", "error", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +161,8 @@ class Workspace:
     name: str
     agent_command: str
     control_role: str
+    approval_role: str
+    approval_timeout: int
     created_at: datetime
 
 
@@ -365,3 +367,23 @@ class ModelPrice:
     input_per_million: Decimal
     output_per_million: Decimal
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An agent's request for approval (`bureau approve` in its desktop) and its answer."""
+
+    id: str
+    desktop: str
+    desktop_name: str
+    workspace_id: str
+    title: str
+    details: str
+    cwd: str
+    digest: str
+    status: str
+    requested_at: datetime
+    expires_at: datetime
+    decided_by: str
+    decided_at: datetime | None
+    comment: str

@@ -314,6 +314,7 @@ def _wait(
 CHAT = Endpoint("GET", "/api/desktops/{desktop_id}/chat", m.ChatMessage, paged=True)
 CHAT_SEND = Endpoint("POST", "/api/desktops/{desktop_id}/chat", m.ChatMessage, body=("message",))
 CHAT_MESSAGE = Endpoint("GET", "/api/desktops/{desktop_id}/chat/{message_id}", m.ChatMessage)
+CHAT_CANCEL = Endpoint("POST", "/api/desktops/{desktop_id}/chat/{message_id}/cancel", m.ChatMessage)
 
 
 class Chat(Resource[M]):
@@ -336,6 +337,11 @@ class Chat(Resource[M]):
     @operation(CHAT_MESSAGE)
     def get(self, desktop_id: str, message_id: str) -> Plan[m.ChatMessage]:
         return (yield CHAT_MESSAGE.call(desktop_id=desktop_id, message_id=message_id))
+
+    @operation(CHAT_CANCEL)
+    def cancel(self, desktop_id: str, message_id: str) -> Plan[m.ChatMessage]:
+        """Cancel a turn: a queued one never starts, a running one is stopped in the desktop."""
+        return (yield CHAT_CANCEL.call(desktop_id=desktop_id, message_id=message_id))
 
     @streaming(CHAT_MESSAGE, local=("interval", "timeout"))
     def follow(
@@ -474,7 +480,10 @@ WORKSPACES = Endpoint("GET", "/api/workspaces", m.Workspace, paged=True)
 WORKSPACE_CREATE = Endpoint("POST", "/api/workspaces", m.Workspace, body=("name",))
 WORKSPACE = Endpoint("GET", "/api/workspaces/{workspace_id}", m.Workspace)
 WORKSPACE_UPDATE = Endpoint(
-    "PATCH", "/api/workspaces/{workspace_id}", m.Workspace, body=("name", "agent_command", "control_role")
+    "PATCH",
+    "/api/workspaces/{workspace_id}",
+    m.Workspace,
+    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout"),
 )
 WORKSPACE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}")
 WORKSPACE_USAGE = Endpoint("GET", "/api/workspaces/{workspace_id}/usage", m.WorkspaceUsage)
@@ -523,9 +532,16 @@ class Workspaces(Resource[M]):
         name: str | None = None,
         agent_command: str | None = None,
         control_role: str | None = None,
+        approval_role: str | None = None,
+        approval_timeout: int | None = None,
     ) -> Plan[m.Workspace]:
         call = WORKSPACE_UPDATE.call(
-            workspace_id=workspace_id, name=name, agent_command=agent_command, control_role=control_role
+            workspace_id=workspace_id,
+            name=name,
+            agent_command=agent_command,
+            control_role=control_role,
+            approval_role=approval_role,
+            approval_timeout=approval_timeout,
         )
         return (yield call)
 
@@ -771,3 +787,40 @@ class Audit(Resource[M]):
             workspace_id=workspace_id, actor=actor, action=action, target=target, since=since, until=until
         )
         yield from pages(call)
+
+
+# Approvals
+
+APPROVALS = Endpoint(
+    "GET",
+    "/api/approvals",
+    m.Approval,
+    query=("workspace_id:workspace", "desktop_id:desktop", "status"),
+    paged=True,
+)
+APPROVAL = Endpoint("GET", "/api/approvals/{approval_id}", m.Approval)
+APPROVAL_APPROVE = Endpoint("POST", "/api/approvals/{approval_id}/approve", m.Approval, body=("comment",))
+APPROVAL_DENY = Endpoint("POST", "/api/approvals/{approval_id}/deny", m.Approval, body=("comment",))
+
+
+class Approvals(Resource[M]):
+    """Agents' requests for approval, asked from their desktops; the first answer stands."""
+
+    @streaming(APPROVALS)
+    def list(
+        self, *, workspace_id: str | None = None, desktop_id: str | None = None, status: str | None = None
+    ) -> Stream[m.Approval]:
+        """Newest first; `status="pending"` is the queue waiting for an answer."""
+        yield from pages(APPROVALS.call(workspace_id=workspace_id, desktop_id=desktop_id, status=status))
+
+    @operation(APPROVAL)
+    def get(self, approval_id: str) -> Plan[m.Approval]:
+        return (yield APPROVAL.call(approval_id=approval_id))
+
+    @operation(APPROVAL_APPROVE)
+    def approve(self, approval_id: str, *, comment: str | None = None) -> Plan[m.Approval]:
+        return (yield APPROVAL_APPROVE.call(approval_id=approval_id, comment=comment))
+
+    @operation(APPROVAL_DENY)
+    def deny(self, approval_id: str, *, comment: str | None = None) -> Plan[m.Approval]:
+        return (yield APPROVAL_DENY.call(approval_id=approval_id, comment=comment))
