@@ -29,6 +29,8 @@ urlpatterns = [
         "w/<str:workspace_id>/llm-keys/<str:object_id>/delete/", views.llm_key_delete, name="llm_key_delete"
     ),
     path("w/<str:workspace_id>/audit/", views.audit, name="audit"),
+    path("w/<str:workspace_id>/approvals/", views.approval_queue, name="approvals"),
+    path("approvals/<str:approval_id>/decide/", views.approval_decide, name="approval_decide"),
     path("w/<str:workspace_id>/costs/", views.costs, name="costs"),
     path("w/<str:workspace_id>/model-prices/new/", views.model_price_set, name="model_price_set"),
     path(

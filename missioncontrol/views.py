@@ -38,7 +38,7 @@ from billing.selectors import (
     spend_alerts_this_month,
     tier_list,
 )
-from desktops import schedules, selectors, services
+from desktops import approvals, schedules, selectors, services
 from desktops.audit import Actor
 from desktops.engines import desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
@@ -89,6 +89,9 @@ def page(request, template: str, **context):
             "role": request.role,
             "can_act": request.role.rank >= Role.MEMBER.rank,
             "can_manage": request.role.rank >= Role.ADMIN.rank,
+            "approvals_waiting": approvals.approval_list(
+                actor=request.actor, workspace_id=request.workspace.id, status=approvals.Status.PENDING
+            ).count(),
             **context,
         },
     )
@@ -344,6 +347,60 @@ def schedule_change(request, schedule_id):
             _("Schedule paused.") if change == "pause" else _("Schedule resumed."),
         )
     return redirect(f"{reverse('desktop', args=[schedule.desktop_id])}#schedules-panel")
+
+
+# Answered requests shown under the queue, newest first.
+RECENT_APPROVALS = 20
+
+
+@workspace_page()
+def approval_queue(request):
+    """The requests for approval waiting for an answer (the whole workspace's, or one desktop's with
+    `?desktop=`), with the latest answered ones; `?fragment=1` is the list alone, which the live pages
+    fetch again whenever one is made or answered."""
+    desktop_id = request.GET.get("desktop") or None
+    scope = {"actor": request.actor, "workspace_id": request.workspace.id, "desktop_id": desktop_id}
+    pending = approvals.approval_list(**scope, status=approvals.Status.PENDING).order_by("requested_at")
+    answered = approvals.approval_list(**scope).exclude(id__in=pending.values("id"))[:RECENT_APPROVALS]
+    for approval in answered:
+        approval.shown_status = approvals.approval_status(approval)
+    needed = Role(request.workspace.approval_role)
+    template = (
+        "missioncontrol/approval_list.html"
+        if request.GET.get("fragment")
+        else "missioncontrol/approvals.html"
+    )
+    return page(
+        request,
+        template,
+        pending=pending,
+        answered=answered,
+        desktop_id=desktop_id or "",
+        can_answer=request.role.rank >= needed.rank,
+        approval_role=needed.label,
+    )
+
+
+@require_POST
+@login_required
+def approval_decide(request, approval_id):
+    """Approve or deny, with a comment, from the queue; back to where it was answered from."""
+    actor = Actor.from_request(request)
+    try:
+        approval = approvals.approval_get(actor=actor, approval_id=approval_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    approve = request.POST.get("decision") == "approve"
+    attempt(
+        request,
+        lambda: approvals.approval_decide(
+            actor=actor, approval_id=approval.id, approve=approve, comment=request.POST.get("comment", "")
+        ),
+        _("Approved.") if approve else _("Denied."),
+    )
+    if request.headers.get("X-Requested-With") == "fetch":
+        return HttpResponse(status=204)
+    return redirect(reverse("approvals", args=[approval.desktop.workspace_id]))
 
 
 def workspace_events(request, workspace_id):
