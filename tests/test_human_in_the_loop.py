@@ -5,16 +5,15 @@ scripted OpenAI-compatible server on the test bridge.
 """
 
 import shlex
-import threading
 import time
 
 import pytest
 
 from desktops.approvals import desktop_by_token
-from desktops.guest import desktop_ssh_connect
 from desktops.models import Approval, AuditEvent, ChatMessage
 from desktops.selectors import chat_content
-from tests.conftest import GUEST_URL, LXC_IMAGE, SCRIPTED_MODEL_HOST, SCRIPTED_MODEL_URL, web_server
+from tests.conftest import GUEST_URL, LXC_IMAGE, SCRIPTED_MODEL_HOST, web_server
+from tests.support.agent_loop import Asking, install_agent, turn_processes, wait_for
 from tests.support.desktops import act, provision, run, wait_for_state
 from tests.support.scripted_model import Text
 
@@ -25,35 +24,6 @@ pytestmark = [
     pytest.mark.skipif(not LXC_IMAGE.is_file(), reason="no golden image (make setup builds it)"),
 ]
 
-# A small agent runtime: it streams the model's answer, and meanwhile has a tool of its own at work, a
-# process it started and one it let go of (forked twice, as a daemon is), which outlive it unless
-# stopped with the whole turn.
-AGENT = """
-import json, os, subprocess, sys, urllib.request
-nap = ["python3", "-c", "import time; time.sleep(3600)"]
-turn = os.path.basename(os.environ["BUREAU_RUN_DIR"])
-subprocess.Popen([*nap, f"turn-tool-{turn}"])
-if os.fork() == 0:
-    if os.fork() == 0:
-        os.execvp("python3", [*nap, f"turn-daemon-{turn}"])
-    os._exit(0)
-body = {"model": "scripted", "stream": True, "messages": [{"role": "user", "content": sys.argv[1]}]}
-request = urllib.request.Request(
-    sys.argv[2] + "/chat/completions", data=json.dumps(body).encode(),
-    headers={"Content-Type": "application/json", "Authorization": "Bearer sk-scripted"},
-)
-for line in urllib.request.urlopen(request):
-    if line.startswith(b"data: {"):
-        for choice in json.loads(line[6:])["choices"]:
-            print(choice["delta"].get("content") or "", end="", flush=True)
-"""
-
-
-def turn_processes(desktop, reply_id: str) -> str:
-    """The turn's processes, by their command lines (bracketed: the shell running pgrep is not one)."""
-    pattern = f"[a]gent.py Write|[t]urn-(tool|daemon)-{reply_id}"
-    return run(desktop, f"pgrep -af {shlex.quote(pattern)} || true")
-
 
 def chat(api, desktop, message: str) -> dict:
     response = api.post(f"/api/desktops/{desktop.id}/chat", {"message": message}, format="json")
@@ -61,19 +31,9 @@ def chat(api, desktop, message: str) -> dict:
     return response.json()
 
 
-def wait_for(check, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, what if isinstance(what, str) else what()
-        time.sleep(0.2)
-    return result
-
-
 def test_a_long_turn_is_stopped_with_its_processes_and_the_queue_moves_on(lxc_api, workspace, scripted_model):
     desktop = provision(lxc_api, "stopped-turn")
-    run(desktop, f"cat > ~/agent.py <<'EOF'\n{AGENT}\nEOF")
-    workspace.agent_command = f"python3 agent.py {{message}} {shlex.quote(SCRIPTED_MODEL_URL)}"
-    workspace.save()
+    install_agent(desktop, workspace)
     long_answer = " ".join(f"mot{i}" for i in range(400))
     scripted_model.script(Text(long_answer, pace=0.2), Text("Deuxième réponse."))
 
@@ -144,29 +104,6 @@ def test_a_desktop_reaches_the_guest_endpoint_and_no_other_part_of_the_control_p
     act(lxc_api, desktop.id, "destroy")
     assert wait_for_state(desktop.id, "destroyed", timeout=60).agent_token_hash == ""
     assert desktop_by_token(token) is None
-
-
-class Asking(threading.Thread):
-    """`bureau approve …` run in the desktop as its agent, until it exits."""
-
-    def __init__(self, desktop, arguments: str, stdin: str = ""):
-        super().__init__(daemon=True)
-        self.desktop, self.command, self.stdin = desktop, f"cd /tmp && bureau approve {arguments}", stdin
-        self.status, self.out, self.err = None, "", ""
-        self.start()
-
-    def run(self):
-        with desktop_ssh_connect(desktop_id=self.desktop.id, host=self.desktop.private_ip) as ssh:
-            stdin, out, err = ssh.exec_command(self.command, timeout=120)
-            stdin.write(self.stdin)
-            stdin.channel.shutdown_write()
-            self.out, self.err = out.read().decode(), err.read().decode()
-            self.status = out.channel.recv_exit_status()
-
-    def result(self) -> tuple[int, str]:
-        self.join(90)
-        assert self.status is not None, "bureau approve never returned"
-        return self.status, self.out
 
 
 def pending_request(desktop, title: str) -> Approval:

@@ -199,20 +199,21 @@ function render(entry, status) {
   entry.item.classList.toggle("pending", waiting);
   entry.item.classList.toggle("error", status === "error");
   entry.item.classList.toggle("cancelled", status === "cancelled");
-  entry.item.textContent = entry.content || (waiting ? "The agent is working…" : "");
-  if (status === "cancelled") {
-    const note = document.createElement("span");
-    note.className = "muted";
-    note.textContent = ` (${words.stoppedLabel})`;
-    entry.item.append(note);
+  // The text in a node of its own: the Stop button beside it stays put while the answer streams in.
+  entry.text ||= entry.item.appendChild(document.createElement("span"));
+  entry.text.textContent = entry.content || (waiting ? "The agent is working…" : "");
+  if (status === "cancelled" && !entry.note) {
+    entry.note = entry.item.appendChild(document.createElement("span"));
+    entry.note.className = "muted";
+    entry.note.textContent = ` (${words.stoppedLabel})`;
   }
-  if (waiting && canControl) {
+  if (waiting && canControl && !entry.stop) {
     // Stops the turn in the desktop (the agent and what it started), or drops it from the queue.
-    const stop = document.createElement("button");
-    stop.className = "danger stop-turn";
-    stop.textContent = words.stopLabel;
-    stop.addEventListener("click", async () => {
-      stop.disabled = true;
+    entry.stop = entry.item.appendChild(document.createElement("button"));
+    entry.stop.className = "danger stop-turn";
+    entry.stop.textContent = words.stopLabel;
+    entry.stop.addEventListener("click", async () => {
+      entry.stop.disabled = true;
       try {
         await api(`/chat/${entry.item.dataset.message}/cancel`, { method: "POST" });
       } catch (error) {
@@ -220,7 +221,10 @@ function render(entry, status) {
       }
       loadChat();
     });
-    entry.item.append(" ", stop);
+  }
+  if (!waiting && entry.stop) {
+    entry.stop.remove();
+    entry.stop = null;
   }
 }
 
