@@ -14,8 +14,10 @@ import hashlib
 import json
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -25,6 +27,7 @@ from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import ApprovalChanged, publish_approval_change
 from desktops.models import Approval, Desktop, DesktopState, Role, Workspace
 from desktops.selectors import role_in, workspace_get, workspaces_visible
+from desktops.webhooks import webhook_notify
 
 Status = Approval.Status
 MAX_TITLE = 200
@@ -222,7 +225,21 @@ def approval_status(approval: Approval) -> str:
     return approval.status
 
 
+# What a workspace's webhook is told, by the request's status.
+WEBHOOK_EVENTS = {
+    Status.PENDING: "approval.requested",
+    Status.APPROVED: "approval.approved",
+    Status.DENIED: "approval.denied",
+    Status.EXPIRED: "approval.expired",
+}
+
+
 def _publish(approval: Approval) -> None:
+    webhook_notify(
+        workspace_id=approval.desktop.workspace_id,
+        event=WEBHOOK_EVENTS[approval.status],
+        payload={"approval": _described(approval)},
+    )
     publish_approval_change(
         ApprovalChanged(
             approval_id=approval.id,
@@ -231,3 +248,26 @@ def _publish(approval: Approval) -> None:
             status=approval.status,
         )
     )
+
+
+def _described(approval: Approval) -> dict:
+    """The request as a webhook receiver reads it, with where to answer it."""
+    workspace_id = approval.desktop.workspace_id
+    return {
+        "id": approval.id,
+        "workspaceId": workspace_id,
+        "desktopId": approval.desktop_id,
+        "desktopName": approval.desktop.name,
+        "title": approval.title,
+        "details": approval.details,
+        "cwd": approval.cwd,
+        "digest": approval.digest,
+        "status": approval.status,
+        "requestedAt": approval.requested_at.isoformat(),
+        "expiresAt": approval.expires_at.isoformat(),
+        "decidedBy": approval.decided_by.email if approval.decided_by else "",
+        "comment": approval.comment,
+        # Mission Control's URLs, even when asked from the guest endpoint (which serves only its own).
+        "answerAt": settings.SITE_URL
+        + reverse("approvals", args=[workspace_id], urlconf=settings.ROOT_URLCONF),
+    }

@@ -54,6 +54,9 @@ class Workspace(models.Model):
     approval_timeout = models.PositiveIntegerField(
         default=30 * 60, validators=[MinValueValidator(10)], help_text="Seconds a request for approval waits"
     )
+    # Told of every request for approval and answer, signed with the workspace's webhook secret.
+    approval_webhook_url = models.URLField(max_length=500, blank=True)
+    webhook_secret_encrypted = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -474,3 +477,30 @@ class Approval(models.Model):
 
     def __str__(self):
         return f"{self.title} ({self.status}) on {self.desktop_id}"
+
+
+class WebhookDelivery(models.Model):
+    """One event sent to a workspace's webhook: what was sent, and how each attempt went."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("Sending")
+        DELIVERED = "delivered", _("Delivered")
+        FAILED = "failed", _("Failed")
+
+    id = PublicIdField("whd")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    event = models.CharField(max_length=60)
+    url = models.URLField(max_length=500)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.event} to {self.url}: {self.status}"

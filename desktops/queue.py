@@ -15,6 +15,7 @@ CHAT_DELIVER = "workers.tasks.chat_deliver"
 CHAT_STOP = "workers.tasks.chat_stop"
 WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
 SCHEDULE_FIRE = "workers.tasks.schedule_fire"
+WEBHOOK_DELIVER = "workers.tasks.webhook_deliver"
 
 
 def enqueue(task: str, **kwargs) -> None:

@@ -237,6 +237,11 @@ CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
 # followed at once, and lifecycle steps (create, start, stop…) carried out at once.
 CHAT_TURNS_PER_WORKSPACE = env.int("CHAT_TURNS_PER_WORKSPACE", 4)
 LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
+# Webhooks (approvals): how long a receiver may take to answer, how many times a delivery is tried,
+# and whether they may point at private, loopback or link-local addresses (tests, closed networks).
+WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", 10.0)
+WEBHOOK_ATTEMPTS = env.int("WEBHOOK_ATTEMPTS", 8)
+WEBHOOK_ALLOW_PRIVATE = env.bool("WEBHOOK_ALLOW_PRIVATE", False)
 # Requests for approval nobody answered in time are refused.
 CELERY_BEAT_SCHEDULE["approvals-expire"] = {
     "task": "workers.tasks.approvals_expire",

@@ -165,6 +165,8 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
         # worker's chat turn is handed on after 3 s rather than a minute.
         LXC_HOST_TCP_PORTS=f"{SCRIPTED_MODEL_PORT},{GUEST_PORT}",
         GUEST_URL=GUEST_URL,
+        # The suite's webhook receivers listen on loopback.
+        WEBHOOK_ALLOW_PRIVATE="true",
         CHAT_STALE_AFTER="3",
     )
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]

@@ -11,9 +11,16 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, approvals, chat, engines, lifecycle, schedules, selectors
+from desktops import agent_config, approvals, chat, engines, lifecycle, schedules, selectors, webhooks
 from desktops.engines import TransientDriverError
-from desktops.queue import CHAT_DELIVER, CHAT_STOP, DESKTOP_STEP, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
+from desktops.queue import (
+    CHAT_DELIVER,
+    CHAT_STOP,
+    DESKTOP_STEP,
+    SCHEDULE_FIRE,
+    WEBHOOK_DELIVER,
+    WORKSPACE_AGENT_CONFIGURE,
+)
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
@@ -195,6 +202,22 @@ def chat_resume() -> None:
 def approvals_expire() -> int:
     """Beat: refuse the requests for approval whose time is up."""
     return approvals.approvals_expire()
+
+
+@shared_task(
+    name=WEBHOOK_DELIVER,
+    bind=True,
+    acks_late=True,
+    autoretry_for=(webhooks.DeliveryFailed,),
+    retry_backoff=2,
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=settings.WEBHOOK_ATTEMPTS - 1,
+    soft_time_limit=60,
+)
+def webhook_deliver(self, *, delivery_id: str) -> None:
+    """Send one event to a workspace's webhook; a failed attempt is tried again later, with backoff."""
+    webhooks.webhook_attempt(delivery_id=delivery_id, last=self.request.retries >= self.max_retries)
 
 
 @shared_task(name="workers.tasks.schedules_run", acks_late=True, soft_time_limit=50)

@@ -25,6 +25,7 @@ from desktops.models import (
     Role,
     Schedule,
     ScheduleRun,
+    WebhookDelivery,
     Workspace,
     hostname_validator,
 )
@@ -657,3 +658,35 @@ class ApprovalQuery(serializers.Serializer):
 
 class ApprovalDecisionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
+
+
+# Webhooks
+
+
+class WebhookSetSerializer(serializers.Serializer):
+    url = serializers.CharField(allow_blank=True, max_length=500, help_text="http(s) address; blank: none.")
+    rotate_secret = serializers.BooleanField(default=False, help_text="Make a new signing secret.")
+
+
+class WebhookSerializer(serializers.Serializer):
+    url = serializers.CharField()
+    secret = serializers.CharField(
+        help_text="The signing secret, only in the answer that made it; keep it, it is not shown again."
+    )
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookDelivery
+        fields = [
+            "id",
+            "event",
+            "url",
+            "payload",
+            "status",
+            "attempts",
+            "response_status",
+            "last_error",
+            "created_at",
+            "delivered_at",
+        ]

@@ -24,7 +24,7 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import approvals, bulk, chat, schedules, selectors, services
+from desktops import approvals, bulk, chat, schedules, selectors, services, webhooks
 from desktops.api import serializers as s
 from desktops.audit import Actor
 from desktops.commands import desktop_exec
@@ -523,6 +523,27 @@ class WorkspaceViewSet(ApiViewSet):
     def model_price(self, request, pk, price_id):
         billing.model_price_delete(actor=self.actor, workspace_id=self.workspace(pk).id, price_id=price_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(methods=["GET"], responses=s.WebhookSerializer)
+    @extend_schema(methods=["PUT"], request=s.WebhookSetSerializer, responses=s.WebhookSerializer)
+    @action(detail=True, methods=["get", "put"])
+    def webhook(self, request, pk):
+        """Where the workspace's requests for approval and their answers are POSTed, signed (admins). The
+        signing secret is shown once: when the first URL is set, or when `rotateSecret` asks for a new one."""
+        workspace, secret = self.workspace(pk, minimum=Role.ADMIN), ""
+        if request.method == "PUT":
+            data = self.valid(s.WebhookSetSerializer, request.data)
+            workspace, secret = webhooks.webhook_set(
+                actor=self.actor, workspace_id=pk, url=data["url"], rotate_secret=data["rotate_secret"]
+            )
+        return Response(s.WebhookSerializer({"url": workspace.approval_webhook_url, "secret": secret}).data)
+
+    @extend_schema(responses=s.WebhookDeliverySerializer(many=True))
+    @action(detail=True, methods=["get"], url_path="webhook/deliveries")
+    def webhook_deliveries(self, request, pk):
+        """What was sent to the webhook, newest first, and how each delivery went (admins)."""
+        deliveries = webhooks.webhook_deliveries(actor=self.actor, workspace_id=pk)
+        return self.page(deliveries, s.WebhookDeliverySerializer)
 
     @extend_schema(responses=s.LabelCountSerializer(many=True))
     @action(detail=True, methods=["get"])

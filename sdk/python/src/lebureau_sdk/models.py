@@ -387,3 +387,25 @@ class Approval:
     decided_by: str
     decided_at: datetime | None
     comment: str
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a workspace's approval events go; `secret` only in the answer that made it."""
+
+    url: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    id: str
+    event: str
+    url: str
+    payload: dict[str, Any]
+    status: str
+    attempts: int
+    response_status: int | None
+    last_error: str
+    created_at: datetime
+    delivered_at: datetime | None

@@ -486,6 +486,13 @@ WORKSPACE_UPDATE = Endpoint(
     body=("name", "agent_command", "control_role", "approval_role", "approval_timeout"),
 )
 WORKSPACE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}")
+WEBHOOK = Endpoint("GET", "/api/workspaces/{workspace_id}/webhook", m.Webhook)
+WEBHOOK_SET = Endpoint(
+    "PUT", "/api/workspaces/{workspace_id}/webhook", m.Webhook, body=("url", "rotate_secret")
+)
+WEBHOOK_DELIVERIES = Endpoint(
+    "GET", "/api/workspaces/{workspace_id}/webhook/deliveries", m.WebhookDelivery, paged=True
+)
 WORKSPACE_USAGE = Endpoint("GET", "/api/workspaces/{workspace_id}/usage", m.WorkspaceUsage)
 WORKSPACE_COSTS = Endpoint("GET", "/api/workspaces/{workspace_id}/costs", m.MonthCosts, query=("month",))
 WORKSPACE_QUOTA = Endpoint("GET", "/api/workspaces/{workspace_id}/quota", m.QuotaUsage)
@@ -548,6 +555,21 @@ class Workspaces(Resource[M]):
     @operation(WORKSPACE_DELETE)
     def delete(self, workspace_id: str) -> Plan[None]:
         return (yield WORKSPACE_DELETE.call(workspace_id=workspace_id))
+
+    @operation(WEBHOOK)
+    def webhook(self, workspace_id: str) -> Plan[m.Webhook]:
+        return (yield WEBHOOK.call(workspace_id=workspace_id))
+
+    @operation(WEBHOOK_SET)
+    def set_webhook(
+        self, workspace_id: str, url: str, *, rotate_secret: bool | None = None
+    ) -> Plan[m.Webhook]:
+        """Where approval events are POSTed, signed; keep the secret of the answer, it is shown once."""
+        return (yield WEBHOOK_SET.call(workspace_id=workspace_id, url=url, rotate_secret=rotate_secret))
+
+    @streaming(WEBHOOK_DELIVERIES)
+    def webhook_deliveries(self, workspace_id: str) -> Stream[m.WebhookDelivery]:
+        yield from pages(WEBHOOK_DELIVERIES.call(workspace_id=workspace_id))
 
     @operation(WORKSPACE_USAGE)
     def usage(self, workspace_id: str) -> Plan[m.WorkspaceUsage]:
