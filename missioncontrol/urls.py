@@ -17,6 +17,7 @@ urlpatterns = [
     path("w/<str:workspace_id>/settings/", views.settings_page, name="settings"),
     path("w/<str:workspace_id>/settings/rename/", views.workspace_rename, name="workspace_rename"),
     path("w/<str:workspace_id>/settings/agent/", views.agent_command_set, name="agent_command_set"),
+    path("w/<str:workspace_id>/settings/approvals/", views.approval_policy_set, name="approval_policy_set"),
     path("w/<str:workspace_id>/settings/delete/", views.workspace_delete, name="workspace_delete"),
     path("w/<str:workspace_id>/members/invite/", views.member_invite, name="member_invite"),
     path("w/<str:workspace_id>/members/<str:membership_id>/role/", views.member_role, name="member_role"),

@@ -11,7 +11,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connection
+from django.db import connection, transaction
 from django.http import Http404, HttpResponse, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -38,7 +38,7 @@ from billing.selectors import (
     spend_alerts_this_month,
     tier_list,
 )
-from desktops import approvals, schedules, selectors, services
+from desktops import approvals, schedules, selectors, services, webhooks
 from desktops.audit import Actor
 from desktops.engines import desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
@@ -445,6 +445,19 @@ def settings_page(request):
         agent_model=agent_model(workspace),
         roles=Role.choices,
         new_token=request.session.pop("new_token", None),
+        approval_form=forms.ApprovalPolicyForm(
+            initial={
+                "approval_role": workspace.approval_role,
+                "approval_timeout": workspace.approval_timeout // 60,
+                "webhook_url": workspace.approval_webhook_url,
+            }
+        ),
+        webhook_deliveries=(
+            webhooks.webhook_deliveries(actor=request.actor, workspace_id=workspace.id)[:RECENT_DELIVERIES]
+            if can_manage
+            else []
+        ),
+        new_webhook_secret=request.session.pop("new_webhook_secret", None),
     )
 
 
@@ -465,6 +478,28 @@ def _settings_post(form_class, apply, success):
     return view
 
 
+# Webhook deliveries shown on the settings page, newest first (the API pages through them all).
+RECENT_DELIVERIES = 10
+
+
+def _approval_policy(request, data):
+    with transaction.atomic():  # every change or none
+        approvals.approval_policy_set(
+            actor=request.actor,
+            workspace_id=request.workspace.id,
+            role=data["approval_role"],
+            timeout=data["approval_timeout"] * 60,
+        )
+        _workspace, secret = webhooks.webhook_set(
+            actor=request.actor,
+            workspace_id=request.workspace.id,
+            url=data["webhook_url"],
+            rotate_secret=data["rotate_secret"],
+        )
+    if secret:
+        request.session["new_webhook_secret"] = secret  # shown once, on the next page, then gone
+
+
 def _new_api_key(request, data):
     _key, token = services.api_key_create(actor=request.actor, workspace_id=request.workspace.id, **data)
     request.session["new_token"] = token  # shown once, on the next page, then gone
@@ -474,6 +509,9 @@ workspace_rename = _settings_post(
     forms.RenameForm,
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
     "Workspace renamed.",
+)
+approval_policy_set = _settings_post(
+    forms.ApprovalPolicyForm, _approval_policy, _lazy("Approval policy saved.")
 )
 agent_command_set = _settings_post(
     forms.AgentCommandForm,

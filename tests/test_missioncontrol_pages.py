@@ -257,3 +257,23 @@ def test_the_approval_queue_shows_what_is_asked_and_only_the_policys_roles_answe
         members[Role.MEMBER].user,
     )
     assert Approval.objects.get(id=elsewhere.id).status == "pending"
+
+
+def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
+    client, members, workspace, settings
+):
+    settings.WEBHOOK_ALLOW_PRIVATE = True  # a receiver on loopback
+    policy = {"approval_role": "admin", "approval_timeout": "15", "webhook_url": "http://127.0.0.1:9/hook"}
+    logged_in(client, members[Role.MEMBER])
+    refused = client.post(f"/w/{workspace.id}/settings/approvals/", policy, follow=True).content.decode()
+    assert "needs the admin role" in refused
+    workspace.refresh_from_db()
+    assert (workspace.approval_role, workspace.approval_webhook_url) == ("member", "")
+    logged_in(client, members[Role.ADMIN])
+    client.post(f"/w/{workspace.id}/settings/approvals/", policy)
+    workspace.refresh_from_db()
+    assert (workspace.approval_role, workspace.approval_timeout) == ("admin", 900)
+    assert workspace.approval_webhook_url == "http://127.0.0.1:9/hook"
+    shown = client.get(f"/w/{workspace.id}/settings/").content.decode()
+    assert 'id="new-webhook-secret">whsec_' in shown
+    assert "whsec_" not in client.get(f"/w/{workspace.id}/settings/").content.decode()
