@@ -15,6 +15,7 @@ import json
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.mail import send_mass_mail
 from django.db import transaction
 from django.db.models import QuerySet
 from django.urls import reverse
@@ -26,6 +27,7 @@ from desktops.crypto import api_token_hash
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import ApprovalChanged, publish_approval_change
 from desktops.models import Approval, Desktop, DesktopState, Role, Workspace
+from desktops.queue import APPROVAL_EMAIL, enqueue
 from desktops.selectors import role_in, workspace_get, workspaces_visible
 from desktops.webhooks import webhook_notify
 
@@ -116,7 +118,39 @@ def approval_request(
             timeout=seconds,
         )
         _publish(approval)
+        enqueue(APPROVAL_EMAIL, approval_id=approval.id)
     return approval
+
+
+def approval_email(*, approval_id: str) -> int:
+    """Tell the people who may answer a request that it waits, by e-mail; how many were told."""
+    approval = Approval.objects.select_related("desktop__workspace").filter(id=approval_id).first()
+    if approval is None or approval_status(approval) != Status.PENDING:
+        return 0
+    workspace = approval.desktop.workspace
+    allowed = [role.value for role in Role if role.rank >= Role(workspace.approval_role).rank]
+    emails = (
+        workspace.memberships.filter(role__in=allowed, user__is_active=True)
+        .exclude(user__email="")
+        .values_list("user__email", flat=True)
+    )
+    words = {
+        "desktop": approval.desktop.name,
+        "title": approval.title,
+        "details": approval.details[:2000],
+        "cwd": approval.cwd,
+        "until": timezone.localtime(approval.expires_at).strftime("%Y-%m-%d %H:%M %Z"),
+        "link": _described(approval)["answerAt"],
+    }
+    subject = _("[Le Bureau] %(desktop)s asks: %(title)s") % words
+    body = (
+        _(
+            "The agent of %(desktop)s asks for your approval before going on:\n\n%(title)s\n\n%(details)s\n\n"
+            "(in %(cwd)s)\n\nApprove or deny it before %(until)s, or it is refused: %(link)s\n"
+        )
+        % words
+    )
+    return send_mass_mail([(subject, body, None, [email]) for email in emails])
 
 
 def approval_decide(*, actor: Actor, approval_id: str, approve: bool, comment: str = "") -> Approval:

@@ -16,6 +16,7 @@ CHAT_STOP = "workers.tasks.chat_stop"
 WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
 SCHEDULE_FIRE = "workers.tasks.schedule_fire"
 WEBHOOK_DELIVER = "workers.tasks.webhook_deliver"
+APPROVAL_EMAIL = "workers.tasks.approval_email"
 
 
 def enqueue(task: str, **kwargs) -> None:

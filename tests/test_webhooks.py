@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from desktops import approvals, webhooks
+from desktops.audit import Actor
 from desktops.models import Role, WebhookDelivery
 from tests.conftest import client_for
 from tests.factories import DesktopFactory
@@ -103,7 +104,7 @@ def test_a_request_reaches_the_webhook_signed_after_a_failed_attempt(
 def test_a_delivery_out_of_attempts_is_logged_failed(members, workspace, receiver, settings):
     settings.WEBHOOK_ALLOW_PRIVATE = True
     hook = receiver(503)
-    webhooks.webhook_set(actor=_admin(members), workspace_id=workspace.id, url=hook.url)
+    webhooks.webhook_set(actor=Actor(user=members[Role.ADMIN].user), workspace_id=workspace.id, url=hook.url)
     delivery = webhooks.webhook_notify(workspace_id=workspace.id, event="approval.requested", payload={})
     webhooks.webhook_attempt(delivery_id=delivery.id, last=True)
     delivery.refresh_from_db()
@@ -132,9 +133,3 @@ def test_only_admins_set_or_read_the_webhook(members, workspace):
     assert member.get(f"/api/workspaces/{workspace.id}/webhook/deliveries").status_code == 403
     outsider = client_for(members["outsider"])
     assert outsider.get(f"/api/workspaces/{workspace.id}/webhook").status_code == 404
-
-
-def _admin(members):
-    from desktops.audit import Actor
-
-    return Actor(user=members[Role.ADMIN].user)

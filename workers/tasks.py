@@ -14,6 +14,7 @@ from billing import services as billing
 from desktops import agent_config, approvals, chat, engines, lifecycle, schedules, selectors, webhooks
 from desktops.engines import TransientDriverError
 from desktops.queue import (
+    APPROVAL_EMAIL,
     CHAT_DELIVER,
     CHAT_STOP,
     DESKTOP_STEP,
@@ -202,6 +203,19 @@ def chat_resume() -> None:
 def approvals_expire() -> int:
     """Beat: refuse the requests for approval whose time is up."""
     return approvals.approvals_expire()
+
+
+@shared_task(
+    name=APPROVAL_EMAIL,
+    acks_late=True,
+    autoretry_for=(OSError,),  # the mail server not answering
+    retry_backoff=5,
+    max_retries=5,
+    soft_time_limit=60,
+)
+def approval_email(*, approval_id: str) -> int:
+    """Tell the people who may answer a request for approval that it waits."""
+    return approvals.approval_email(approval_id=approval_id)
 
 
 @shared_task(

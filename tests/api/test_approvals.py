@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from desktops import approvals
+from desktops.audit import Actor
 from desktops.models import Approval, AuditEvent, Role
 from tests.conftest import client_for
 from tests.factories import DesktopFactory
@@ -81,3 +82,16 @@ def test_the_policy_is_for_admins_and_checked(members, workspace):
     assert bad.status_code == 400, bad.content
     good = owner.patch(f"/api/workspaces/{workspace.id}", {"approvalTimeout": 600}, format="json")
     assert good.json()["approvalTimeout"] == 600
+
+
+def test_the_people_who_may_answer_are_told_by_e_mail(members, workspace, asked, mailoutbox):
+    workspace.approval_role = Role.ADMIN
+    workspace.save()
+    assert approvals.approval_email(approval_id=asked.id) == 2
+    told = sorted(address for message in mailoutbox for address in message.to)
+    assert told == sorted([members[Role.ADMIN].user.email, members[Role.OWNER].user.email])
+    assert "git push --force" in mailoutbox[0].subject and "/srv" in mailoutbox[0].body
+    assert f"/w/{workspace.id}/approvals/" in mailoutbox[0].body
+    # Once answered, nobody is told it waits.
+    approvals.approval_decide(actor=Actor(user=members[Role.OWNER].user), approval_id=asked.id, approve=True)
+    assert approvals.approval_email(approval_id=asked.id) == 0
