@@ -37,6 +37,8 @@ MAX_DETAILS = 64 * 1024
 MAX_COMMENT = 2000
 # The longest a request may wait, whatever the agent asks: a day.
 MAX_TIMEOUT = 24 * 3600
+# Requests one desktop may have waiting at once: a runaway agent cannot flood its operators.
+MAX_PENDING = 20
 
 
 def approval_policy_set(
@@ -99,6 +101,14 @@ def approval_request(
         raise Invalid(next(iter(errors.values()))[0], fields=errors)
     seconds = timeout or desktop.workspace.approval_timeout
     with transaction.atomic():
+        # Counted under the desktop's row lock: two requests at once cannot both take the last place.
+        Desktop.objects.select_for_update().filter(id=desktop.id).exists()
+        waiting = desktop.approvals.filter(status=Status.PENDING, expires_at__gt=timezone.now())
+        if waiting.count() >= MAX_PENDING:
+            raise Conflict(
+                _("%(n)s requests of this desktop already wait for an answer: wait for one first.")
+                % {"n": MAX_PENDING}
+            )
         approval = Approval.objects.create(
             desktop=desktop,
             title=title,

@@ -83,3 +83,12 @@ def test_a_request_is_checked_before_it_is_kept(guest, members):
 def test_an_operators_api_key_is_no_desktop_token(guest, members):
     key = api_key_for(members[Role.OWNER])
     assert call(guest, "/v1/approvals", key, "POST", json={"title": "x"}).status_code == 401
+
+
+def test_a_runaway_agent_cannot_flood_its_operators(guest, members):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    for i in range(approvals.MAX_PENDING):
+        assert call(guest, "/v1/approvals", token, "POST", json={"title": f"n°{i}"}).status_code == 201
+    refused = call(guest, "/v1/approvals", token, "POST", json={"title": "un de trop"})
+    assert refused.status_code == 409, refused.text
+    assert desktop.approvals.count() == approvals.MAX_PENDING
