@@ -26,7 +26,7 @@ from desktops.audit import SYSTEM, Actor, audit_record
 from desktops.crypto import api_token_hash
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import ApprovalChanged, publish_approval_change
-from desktops.models import Approval, Desktop, DesktopState, Role, Workspace
+from desktops.models import Approval, ChatMessage, Desktop, DesktopState, Role, Workspace
 from desktops.queue import APPROVAL_EMAIL, enqueue
 from desktops.selectors import role_in, workspace_get, workspaces_visible
 from desktops.webhooks import webhook_notify
@@ -111,6 +111,7 @@ def approval_request(
             )
         approval = Approval.objects.create(
             desktop=desktop,
+            turn=desktop.messages.filter(status=ChatMessage.Status.RUNNING).first(),
             title=title,
             details=details,
             cwd=cwd[:1000],
@@ -252,7 +253,7 @@ def approval_list(
         )
     elif status:
         approvals = approvals.filter(status=status)
-    return approvals.select_related("desktop", "decided_by")
+    return approvals.select_related("desktop", "decided_by", "turn__reply_to")
 
 
 def approval_get(*, actor: Actor, approval_id: str) -> Approval:
@@ -305,6 +306,7 @@ def _described(approval: Approval) -> dict:
         "title": approval.title,
         "details": approval.details,
         "cwd": approval.cwd,
+        "turn": approval.turn_id or "",
         "digest": approval.digest,
         "status": approval.status,
         "requestedAt": approval.requested_at.isoformat(),

@@ -463,6 +463,10 @@ class Approval(models.Model):
     title = models.CharField(max_length=200)
     details = models.TextField(blank=True)
     cwd = models.CharField(max_length=1000, blank=True, help_text="Where the agent was when it asked")
+    # The agent's turn under way when it asked: the conversation the request belongs to.
+    turn = models.ForeignKey(
+        "ChatMessage", null=True, blank=True, on_delete=models.SET_NULL, related_name="approvals"
+    )
     digest = models.CharField(max_length=64, help_text="sha256 of what was asked, as the desktop computes it")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     requested_at = models.DateTimeField(auto_now_add=True, db_index=True)

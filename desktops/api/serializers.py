@@ -623,6 +623,12 @@ class ApprovalSerializer(serializers.ModelSerializer):
     workspace_id = serializers.CharField(source="desktop.workspace_id", read_only=True)
     status = serializers.SerializerMethodField(help_text="pending, approved, denied or expired (timed out).")
     decided_by = serializers.SerializerMethodField()
+    turn = serializers.CharField(
+        source="turn_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The agent's reply under way when it asked.",
+    )
 
     def get_status(self, approval) -> str:
         return approval_status(approval)
@@ -640,6 +646,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "title",
             "details",
             "cwd",
+            "turn",
             "digest",
             "status",
             "requested_at",

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from desktops import approvals
+from desktops import approvals, chat, services
 from desktops.audit import Actor
 from desktops.models import Approval, AuditEvent, Role
 from tests.conftest import client_for
@@ -95,3 +95,16 @@ def test_the_people_who_may_answer_are_told_by_e_mail(members, workspace, asked,
     # Once answered, nobody is told it waits.
     approvals.approval_decide(actor=Actor(user=members[Role.OWNER].user), approval_id=asked.id, approve=True)
     assert approvals.approval_email(approval_id=asked.id) == 0
+
+
+def test_a_request_names_the_conversation_it_came_from(members, workspace):
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    reply = services.chat_send(
+        actor=Actor(user=members[Role.MEMBER].user), desktop=desktop, message="Mets en prod"
+    )
+    chat.chat_claim_next(desktop_id=desktop.id)
+    asked = approvals.approval_request(desktop=desktop, title="kubectl apply")
+    shown = client_for(members[Role.VIEWER]).get(f"/api/approvals/{asked.id}").json()
+    assert shown["turn"] == reply.id
+    page = client_for(members[Role.VIEWER]).get(f"/w/{workspace.id}/approvals/").content.decode()
+    assert "Mets en prod" in page

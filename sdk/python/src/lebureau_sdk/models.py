@@ -380,6 +380,7 @@ class Approval:
     title: str
     details: str
     cwd: str
+    turn: str | None
     digest: str
     status: str
     requested_at: datetime
