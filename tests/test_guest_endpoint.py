@@ -92,3 +92,10 @@ def test_a_runaway_agent_cannot_flood_its_operators(guest, members):
     refused = call(guest, "/v1/approvals", token, "POST", json={"title": "un de trop"})
     assert refused.status_code == 409, refused.text
     assert desktop.approvals.count() == approvals.MAX_PENDING
+
+
+def test_a_body_too_large_is_refused_unread(guest, members):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    huge = {"title": "gros", "details": "x" * 300_000}
+    assert call(guest, "/v1/approvals", token, "POST", json=huge).status_code == 413
+    assert not desktop.approvals.exists()

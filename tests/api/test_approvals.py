@@ -108,3 +108,19 @@ def test_a_request_names_the_conversation_it_came_from(members, workspace):
     assert shown["turn"] == reply.id
     page = client_for(members[Role.VIEWER]).get(f"/w/{workspace.id}/approvals/").content.decode()
     assert "Mets en prod" in page
+
+
+def test_the_queue_filters_by_status_and_desktop(members, workspace, asked):
+    other = approvals.approval_request(
+        desktop=DesktopFactory(workspace=workspace, state="running"), title="B"
+    )
+    Approval.objects.filter(id=other.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    client = client_for(members[Role.VIEWER])
+
+    def ids(query: str) -> list[str]:
+        return [a["id"] for a in client.get(f"/api/approvals?{query}").json()["results"]]
+
+    assert ids("status=pending") == [asked.id]
+    assert ids("status=expired") == [other.id]
+    assert ids(f"desktop={other.desktop_id}") == [other.id]
+    assert ids("status=approved") == []
