@@ -7,6 +7,7 @@ each rebuild, void once the desktop is destroyed) and acts on that desktop alone
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import extend_schema
 from rest_framework import authentication, exceptions, permissions, serializers, status
 from rest_framework.response import Response
@@ -25,10 +26,12 @@ class DesktopTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode(errors="replace").split()
         if len(header) != 2 or header[0].lower() != self.keyword.lower():
-            raise exceptions.NotAuthenticated("Give the desktop's token as `Authorization: Bearer <token>`.")
+            raise exceptions.NotAuthenticated(
+                _("Give the desktop's token as `Authorization: Bearer <token>`.")
+            )
         desktop = approvals.desktop_by_token(header[1])
         if desktop is None:
-            raise exceptions.AuthenticationFailed("This desktop token is not valid.")
+            raise exceptions.AuthenticationFailed(_("This desktop token is not valid."))
         return AnonymousUser(), desktop
 
     def authenticate_header(self, request):
