@@ -2,15 +2,20 @@
 Daphne running `lebureau.guest_asgi`): each attack tried and failing. It serves nothing but the guest
 URLs, takes nothing but a live desktop's own token, and a desktop acts on itself alone."""
 
+import os
 import secrets
+import subprocess
+import sys
+import time
 
 import pytest
 import requests
 
 from desktops import approvals
+from desktops.audit import Actor
 from desktops.crypto import api_token_hash
 from desktops.models import Role
-from tests.conftest import api_key_for, guest_server
+from tests.conftest import ROOT, api_key_for, guest_server
 from tests.factories import DesktopFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,3 +104,39 @@ def test_a_body_too_large_is_refused_unread(guest, members):
     huge = {"title": "gros", "details": "x" * 300_000}
     assert call(guest, "/v1/approvals", token, "POST", json=huge).status_code == 413
     assert not desktop.approvals.exists()
+
+
+def bureau_approve(guest, tmp_path, desktop, token, *arguments) -> subprocess.Popen:
+    """The desktop's `bureau approve`, run here against the real guest endpoint, with its files."""
+    config = tmp_path / "bureau"
+    config.mkdir(exist_ok=True)
+    for name, value in (("guest_url", guest), ("token", token), ("desktop_id", desktop.id)):
+        (config / name).write_text(value + "\n")
+    helper = ROOT / "image-build" / "guest" / "bureau"
+    env = {**os.environ, "BUREAU_CONFIG_DIR": str(config)}
+    return subprocess.Popen(
+        [sys.executable, str(helper), "approve", *arguments], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def waiting(desktop) -> approvals.Approval:
+    deadline = time.monotonic() + 20
+    while (found := desktop.approvals.filter(status="pending").first()) is None:
+        assert time.monotonic() < deadline, "no request arrived"
+        time.sleep(0.1)
+    return found
+
+
+def test_a_decision_counts_only_for_exactly_what_was_asked(guest, members, tmp_path):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    owner = Actor(user=members[Role.OWNER].user)
+    asking = bureau_approve(guest, tmp_path, desktop, token, "--title", "Payer la facture n°42 — 1 200 €")
+    asked = waiting(desktop)
+    approvals.approval_decide(actor=owner, approval_id=asked.id, approve=True, comment="ok")
+    assert asking.wait(20) == 0 and asking.stdout.read() == "ok\n"
+    # A decision recorded for something else than what this agent asked does not let it go on.
+    asking = bureau_approve(guest, tmp_path, desktop, token, "--title", "Payer la facture n°43")
+    asked = waiting(desktop)
+    approvals.Approval.objects.filter(id=asked.id).update(digest="0" * 64)
+    approvals.approval_decide(actor=owner, approval_id=asked.id, approve=True)
+    assert asking.wait(20) == 1
