@@ -17,7 +17,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.mail import send_mass_mail
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -254,6 +254,14 @@ def approval_list(
     elif status:
         approvals = approvals.filter(status=status)
     return approvals.select_related("desktop", "decided_by", "turn__reply_to")
+
+
+def approvals_waiting_by_desktop(*, desktop_ids: list[str]) -> dict[str, int]:
+    """How many requests wait for an answer, by desktop (those with none are left out)."""
+    waiting = Approval.objects.filter(
+        desktop_id__in=desktop_ids, status=Status.PENDING, expires_at__gt=timezone.now()
+    )
+    return dict(waiting.values("desktop_id").annotate(n=Count("id")).values_list("desktop_id", "n"))
 
 
 def approval_get(*, actor: Actor, approval_id: str) -> Approval:

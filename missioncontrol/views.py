@@ -177,9 +177,11 @@ def desktops(request):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
     rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
     tasks = selectors.current_tasks(desktop_ids=[d.id for d in rows])
+    waiting = approvals.approvals_waiting_by_desktop(desktop_ids=[d.id for d in rows])
     costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
     for desktop in rows:
         desktop.task = tasks.get(desktop.id, "")
+        desktop.waiting_approvals = waiting.get(desktop.id, 0)
         desktop.cost = costs.get(desktop.id, 0)
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     template = (

@@ -277,3 +277,12 @@ def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
     shown = client.get(f"/w/{workspace.id}/settings/").content.decode()
     assert 'id="new-webhook-secret">whsec_' in shown
     assert "whsec_" not in client.get(f"/w/{workspace.id}/settings/").content.decode()
+
+
+def test_the_desktops_page_shows_which_desktops_wait_for_an_approval(client, members, workspace, plan):
+    asking = DesktopFactory(workspace=workspace, name="asking", state=DesktopState.RUNNING)
+    DesktopFactory(workspace=workspace, name="quiet", state=DesktopState.RUNNING)
+    for title in ("un", "deux"):
+        approvals.approval_request(desktop=asking, title=title)
+    page = logged_in(client, members[Role.VIEWER]).get(f"/w/{workspace.id}/desktops/").content.decode()
+    assert page.count("approvals waiting") == 1 and "2 approvals waiting" in page
