@@ -31,6 +31,7 @@ RESULTS = ROOT / "docs" / "benchmarks"
 # name -> arguments of `python`; the order puts the quick ones first.
 BENCHES: dict[str, list[str]] = {
     "missioncontrol": ["bench/missioncontrol.py"],
+    "approvals": ["bench/approvals.py"],
     "proxmox": ["bench/proxmox.py"],
     "provision_driver": ["bench/provision_driver.py"],
     "provision": ["bench/provision.py"],

@@ -5,7 +5,8 @@ Each turn runs detached inside the desktop (`bureau chat run`), so it outlives t
 started it. The worker follows its output over SSH, storing it with its byte offset and
 publishing each piece to the open pages. A worker that dies leaves a stale heartbeat; then
 `chat_resume` hands the turn to another worker, which follows on from the stored offset.
-A desktop runs one turn at a time: later messages wait, queued, in the order they came.
+A desktop runs one turn at a time: later messages wait, queued, in the order they came. An operator
+may cancel a turn, queued or running: a running one is stopped in the desktop, its whole process tree.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
+from desktops.audit import Actor, audit_record
+from desktops.errors import Conflict, NotFound
 from desktops.events import ChatUpdated, publish_chat_update
 from desktops.guest import desktop_ssh_connect
 from desktops.models import ChatChunk, ChatMessage, Desktop, DesktopState, Workspace
-from desktops.selectors import chat_content
+from desktops.queue import CHAT_STOP, enqueue
+from desktops.selectors import chat_content, workspace_for_control
 
 logger = logging.getLogger(__name__)
 Status = ChatMessage.Status
@@ -77,7 +82,11 @@ def chat_claim_next(*, desktop_id: str) -> ChatMessage | None:
         if reply is None:
             return None
         reply.status, reply.heartbeat_at, reply.follower = Status.RUNNING, timezone.now(), uuid.uuid4()
-        reply.save(update_fields=["status", "heartbeat_at", "follower"])
+        # Conditional on its being queued still: a turn cancelled meanwhile never starts.
+        if not queued.filter(id=reply.id).update(
+            status=reply.status, heartbeat_at=reply.heartbeat_at, follower=reply.follower
+        ):
+            return None
         _publish(reply, at=0, text="")
     return reply
 
@@ -137,6 +146,56 @@ def chat_follow(*, message_id: str, follower: str) -> str | None:
     except Superseded:
         logger.info("turn %s is followed elsewhere now; this follower stops", message_id)
         return None
+
+
+def chat_cancel(*, actor: Actor, desktop: Desktop, message_id: str) -> ChatMessage:
+    """Cancel a turn (given by the operator's message or by the agent's reply): a queued one never
+    starts; a running one keeps what the agent said so far and is stopped in the desktop. Returns the
+    reply. Stopping the agent is controlling the desktop: it takes the workspace's control role."""
+    workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
+    with transaction.atomic():
+        message = ChatMessage.objects.filter(desktop=desktop, id=message_id).first()
+        if message is None:
+            raise NotFound(_("Message %(id)s not found.") % {"id": message_id})
+        reply = message if message.author == ChatMessage.Author.AGENT else message.replies.first()
+        # The row lock orders this against the follower's writes, which check that it still holds the turn.
+        reply = reply and ChatMessage.objects.select_for_update().filter(id=reply.id).first()
+        if reply is None or reply.status not in (Status.QUEUED, Status.RUNNING):
+            raise Conflict(_("This turn has already ended."))
+        was = reply.status
+        reply.content, reply.status = chat_content(reply), Status.CANCELLED
+        ChatMessage.objects.filter(id=reply.id).update(
+            status=Status.CANCELLED, content=reply.content, follower=None, completed_at=timezone.now()
+        )
+        ChatChunk.objects.filter(message_id=reply.id).delete()
+        audit_record(
+            actor=actor,
+            action="chat.cancel",
+            workspace_id=desktop.workspace_id,
+            target=desktop.id,
+            message=reply.id,
+            was=was,
+        )
+        enqueue(CHAT_STOP, message_id=reply.id, started=was == Status.RUNNING)
+    _publish(reply, at=0, text=reply.content)
+    return reply
+
+
+def chat_stop(*, message_id: str, started: bool) -> str | None:
+    """Stop a cancelled turn's processes in its desktop, if it had started; the workspace's id (the
+    turn's slot is free)."""
+    cancelled = ChatMessage.objects.filter(id=message_id, status=Status.CANCELLED)
+    reply = cancelled.select_related("desktop").first()
+    if reply is None:
+        return None
+    desktop = reply.desktop
+    if started and desktop.state == DesktopState.RUNNING and desktop.private_ip:
+        with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
+            _, out, err = ssh.exec_command(f"bureau chat stop {shlex.quote(reply.id)}")
+            if out.channel.recv_exit_status() != 0:
+                why = err.read().decode(errors="replace")
+                logger.warning("turn %s could not be stopped: %s", reply.id, why)
+    return desktop.workspace_id
 
 
 def _run_turn(reply: ChatMessage) -> bool:

@@ -86,6 +86,17 @@ class ChatUpdated:
     type: str = "chat.message"
 
 
+@dataclass(frozen=True)
+class ApprovalChanged:
+    """A request for approval was made or answered: the queues on the pages refresh from the API."""
+
+    approval_id: str
+    desktop_id: str
+    workspace_id: str
+    status: str
+    type: str = "approval.changed"
+
+
 _pending: set[asyncio.Task] = set()
 
 
@@ -111,6 +122,10 @@ def publish_state_change(event: DesktopStateChanged) -> None:
 
 def publish_chat_update(event: ChatUpdated) -> None:
     transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "chat", asdict(event)))
+
+
+def publish_approval_change(event: ApprovalChanged) -> None:
+    transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "approval", asdict(event)))
 
 
 def publish_access_change(event: AccessChanged) -> None:

@@ -42,6 +42,7 @@ from workers.drivers.base import (
 logger = logging.getLogger(__name__)
 
 AGENT_TOKEN_PATH = "/etc/bureau/token"  # noqa: S105 (a path, not a secret)
+GUEST_URL_PATH = "/etc/bureau/guest_url"
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,9 @@ def instance_spec(desktop: Desktop) -> tuple[InstanceSpec, str]:
         files={
             # The `bureau` helper's desktop-scoped credential for the control plane's guest endpoint.
             AGENT_TOKEN_PATH: token + "\n",
+            # Where that credential is good: the guest endpoint, the only part of the control plane
+            # a desktop can reach.
+            GUEST_URL_PATH: settings.GUEST_URL + "\n",
             # The VNC server's passwords, which only the relays (deriving them) know besides it.
             VNC_PASSWORD_FILE: vnc_password_file(desktop.id),
         },
@@ -198,8 +202,14 @@ def desktop_run_step(*, desktop_id: str, action: str) -> bool:
     try:
         if action == "destroy":
             driver.destroy(desktop.id)
+            # Its token dies with it: nothing that kept a copy can act for it any more.
             return transition(
-                desktop_id=desktop.id, sources={step.via}, target=step.target, actor=SYSTEM, private_ip=None
+                desktop_id=desktop.id,
+                sources={step.via},
+                target=step.target,
+                actor=SYSTEM,
+                private_ip=None,
+                agent_token_hash="",
             )
         # A desktop whose first provision failed has no instance yet: starting it provisions it.
         fresh = action == "provision" or not desktop.driver_ref

@@ -44,6 +44,19 @@ class Workspace(models.Model):
         choices=[(r.value, r.label) for r in (Role.MEMBER, Role.ADMIN, Role.OWNER)],
         default=Role.MEMBER,
     )
+    # Who may answer an agent's request for approval, and how long a request waits by default (an
+    # unanswered one is refused then: the agent is told it timed out and goes no further).
+    approval_role = models.CharField(
+        max_length=10,
+        choices=[(r.value, r.label) for r in (Role.MEMBER, Role.ADMIN, Role.OWNER)],
+        default=Role.MEMBER,
+    )
+    approval_timeout = models.PositiveIntegerField(
+        default=30 * 60, validators=[MinValueValidator(10)], help_text="Seconds a request for approval waits"
+    )
+    # Told of every request for approval and answer, signed with the workspace's webhook secret.
+    approval_webhook_url = models.URLField(max_length=500, blank=True)
+    webhook_secret_encrypted = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -284,6 +297,7 @@ class ChatMessage(models.Model):
         RUNNING = "running"
         DONE = "done"
         ERROR = "error"
+        CANCELLED = "cancelled"
 
     id = PublicIdField("msg")
     desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="messages")
@@ -475,3 +489,65 @@ class EgressPolicy(models.Model):
 
     def __str__(self):
         return f"{self.mode} egress of {self.desktop_id or self.workspace_id}"
+
+
+class Approval(models.Model):
+    """An agent's request for a person's approval, bound to exactly what it asked (its digest), and the
+    decision, once: who, when, with what comment. The request itself is never changed."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("Waiting")
+        APPROVED = "approved", _("Approved")
+        DENIED = "denied", _("Denied")
+        EXPIRED = "expired", _("Timed out")
+
+    id = PublicIdField("apr")
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="approvals")
+    title = models.CharField(max_length=200)
+    details = models.TextField(blank=True)
+    cwd = models.CharField(max_length=1000, blank=True, help_text="Where the agent was when it asked")
+    # The agent's turn under way when it asked: the conversation the request belongs to.
+    turn = models.ForeignKey(
+        "ChatMessage", null=True, blank=True, on_delete=models.SET_NULL, related_name="approvals"
+    )
+    digest = models.CharField(max_length=64, help_text="sha256 of what was asked, as the desktop computes it")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    requested_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    expires_at = models.DateTimeField()
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        indexes = [models.Index(fields=["status", "expires_at"])]
+
+    def __str__(self):
+        return f"{self.title} ({self.status}) on {self.desktop_id}"
+
+
+class WebhookDelivery(models.Model):
+    """One event sent to a workspace's webhook: what was sent, and how each attempt went."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("Sending")
+        DELIVERED = "delivered", _("Delivered")
+        FAILED = "failed", _("Failed")
+
+    id = PublicIdField("whd")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    event = models.CharField(max_length=60)
+    url = models.URLField(max_length=500)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    response_status = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.event} to {self.url}: {self.status}"

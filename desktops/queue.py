@@ -12,9 +12,12 @@ from django.db import transaction
 
 DESKTOP_STEP = "workers.tasks.desktop_{action}"
 CHAT_DELIVER = "workers.tasks.chat_deliver"
+CHAT_STOP = "workers.tasks.chat_stop"
 WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
 SCHEDULE_FIRE = "workers.tasks.schedule_fire"
 DESKTOP_EGRESS_APPLY = "workers.tasks.desktop_egress_apply"
+WEBHOOK_DELIVER = "workers.tasks.webhook_deliver"
+APPROVAL_EMAIL = "workers.tasks.approval_email"
 
 
 def enqueue(task: str, **kwargs) -> None:

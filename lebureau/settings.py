@@ -19,6 +19,11 @@ env.read_env(BASE_DIR / ".env", recurse=False)
 DEBUG = env.bool("DJANGO_DEBUG", False)
 SECRET_KEY = env.str("SECRET_KEY")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# What desktops dial to reach the control plane: the guest endpoint, a listener of its own that serves
+# nothing else (`lebureau.guest_asgi`, GUEST_PORT), on the desktops' side of the host. Their firewall
+# lets them reach this port of the host and no other (LXC_HOST_TCP_PORTS).
+GUEST_URL = env.str("GUEST_URL", "http://10.213.0.1:8001")
+ALLOWED_HOSTS.append(urlsplit(GUEST_URL).hostname)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", [])
 SITE_URL = env.str("SITE_URL", "http://127.0.0.1:8000")
 
@@ -259,6 +264,17 @@ LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
 LIFECYCLE_REQUEUE_AFTER = env.int("LIFECYCLE_REQUEUE_AFTER", 120)
 LIFECYCLE_STUCK_AFTER = env.int("LIFECYCLE_STUCK_AFTER", 1800)
 ORPHAN_GRACE = env.int("ORPHAN_GRACE", 3600)
+# Webhooks (approvals): how long a receiver may take to answer, how many times a delivery is tried,
+# and whether they may point at private, loopback or link-local addresses (tests, closed networks).
+WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", 10.0)
+WEBHOOK_ATTEMPTS = env.int("WEBHOOK_ATTEMPTS", 8)
+WEBHOOK_ALLOW_PRIVATE = env.bool("WEBHOOK_ALLOW_PRIVATE", False)
+# Requests for approval nobody answered in time are refused.
+CELERY_BEAT_SCHEDULE["approvals-expire"] = {
+    "task": "workers.tasks.approvals_expire",
+    "schedule": 30.0,
+    "options": {"expires": 30.0},
+}
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",
     "schedule": CHAT_STALE_AFTER / 2,

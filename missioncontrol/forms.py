@@ -108,6 +108,20 @@ class DesktopEgressForm(EgressForm):
     )
 
 
+class ApprovalPolicyForm(forms.Form):
+    approval_role = forms.ChoiceField(
+        choices=[(r.value, r.label) for r in (Role.MEMBER, Role.ADMIN, Role.OWNER)],
+        label=_lazy("Who may answer"),
+    )
+    approval_timeout = forms.IntegerField(
+        min_value=1, max_value=24 * 60, label=_lazy("Minutes a request waits before it is refused")
+    )
+    webhook_url = forms.URLField(
+        required=False, max_length=500, assume_scheme="https", label=_lazy("Webhook (requests and answers)")
+    )
+    rotate_secret = forms.BooleanField(required=False, label=_lazy("New signing secret"))
+
+
 class InviteForm(forms.Form):
     email = forms.EmailField()
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)

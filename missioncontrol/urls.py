@@ -18,6 +18,7 @@ urlpatterns = [
     path("w/<str:workspace_id>/settings/rename/", views.workspace_rename, name="workspace_rename"),
     path("w/<str:workspace_id>/settings/agent/", views.agent_command_set, name="agent_command_set"),
     path("w/<str:workspace_id>/settings/egress/", views.workspace_egress, name="workspace_egress"),
+    path("w/<str:workspace_id>/settings/approvals/", views.approval_policy_set, name="approval_policy_set"),
     path("w/<str:workspace_id>/settings/delete/", views.workspace_delete, name="workspace_delete"),
     path("w/<str:workspace_id>/members/invite/", views.member_invite, name="member_invite"),
     path("w/<str:workspace_id>/members/<str:membership_id>/role/", views.member_role, name="member_role"),
@@ -30,6 +31,8 @@ urlpatterns = [
         "w/<str:workspace_id>/llm-keys/<str:object_id>/delete/", views.llm_key_delete, name="llm_key_delete"
     ),
     path("w/<str:workspace_id>/audit/", views.audit, name="audit"),
+    path("w/<str:workspace_id>/approvals/", views.approval_queue, name="approvals"),
+    path("approvals/<str:approval_id>/decide/", views.approval_decide, name="approval_decide"),
     path("w/<str:workspace_id>/costs/", views.costs, name="costs"),
     path("w/<str:workspace_id>/model-prices/new/", views.model_price_set, name="model_price_set"),
     path(

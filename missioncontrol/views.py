@@ -11,7 +11,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connection
+from django.db import connection, transaction
 from django.http import Http404, HttpResponse, HttpResponseForbidden, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -38,7 +38,7 @@ from billing.selectors import (
     spend_alerts_this_month,
     tier_list,
 )
-from desktops import egress, schedules, selectors, services
+from desktops import approvals, egress, schedules, selectors, services, webhooks
 from desktops.audit import Actor
 from desktops.engines import desktop_blocked_egress, desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
@@ -89,6 +89,9 @@ def page(request, template: str, **context):
             "role": request.role,
             "can_act": request.role.rank >= Role.MEMBER.rank,
             "can_manage": request.role.rank >= Role.ADMIN.rank,
+            "approvals_waiting": approvals.approval_list(
+                actor=request.actor, workspace_id=request.workspace.id, status=approvals.Status.PENDING
+            ).count(),
             **context,
         },
     )
@@ -174,9 +177,11 @@ def desktops(request):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
     rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
     tasks = selectors.current_tasks(desktop_ids=[d.id for d in rows])
+    waiting = approvals.approvals_waiting_by_desktop(desktop_ids=[d.id for d in rows])
     costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
     for desktop in rows:
         desktop.task = tasks.get(desktop.id, "")
+        desktop.waiting_approvals = waiting.get(desktop.id, 0)
         desktop.cost = costs.get(desktop.id, 0)
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     template = (
@@ -394,6 +399,60 @@ def schedule_change(request, schedule_id):
     return redirect(f"{reverse('desktop', args=[schedule.desktop_id])}#schedules-panel")
 
 
+# Answered requests shown under the queue, newest first.
+RECENT_APPROVALS = 20
+
+
+@workspace_page()
+def approval_queue(request):
+    """The requests for approval waiting for an answer (the whole workspace's, or one desktop's with
+    `?desktop=`), with the latest answered ones; `?fragment=1` is the list alone, which the live pages
+    fetch again whenever one is made or answered."""
+    desktop_id = request.GET.get("desktop") or None
+    scope = {"actor": request.actor, "workspace_id": request.workspace.id, "desktop_id": desktop_id}
+    pending = approvals.approval_list(**scope, status=approvals.Status.PENDING).order_by("requested_at")
+    answered = approvals.approval_list(**scope).exclude(id__in=pending.values("id"))[:RECENT_APPROVALS]
+    for approval in answered:
+        approval.shown_status = approvals.approval_status(approval)
+    needed = Role(request.workspace.approval_role)
+    template = (
+        "missioncontrol/approval_list.html"
+        if request.GET.get("fragment")
+        else "missioncontrol/approvals.html"
+    )
+    return page(
+        request,
+        template,
+        pending=pending,
+        answered=answered,
+        desktop_id=desktop_id or "",
+        can_answer=request.role.rank >= needed.rank,
+        approval_role=needed.label,
+    )
+
+
+@require_POST
+@login_required
+def approval_decide(request, approval_id):
+    """Approve or deny, with a comment, from the queue; back to where it was answered from."""
+    actor = Actor.from_request(request)
+    try:
+        approval = approvals.approval_get(actor=actor, approval_id=approval_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    approve = request.POST.get("decision") == "approve"
+    attempt(
+        request,
+        lambda: approvals.approval_decide(
+            actor=actor, approval_id=approval.id, approve=approve, comment=request.POST.get("comment", "")
+        ),
+        _("Approved.") if approve else _("Denied."),
+    )
+    if request.headers.get("X-Requested-With") == "fetch":
+        return HttpResponse(status=204)
+    return redirect(reverse("approvals", args=[approval.desktop.workspace_id]))
+
+
 def workspace_events(request, workspace_id):
     """Live desktop states: one server-sent event stream per workspace, for its members only.
 
@@ -438,6 +497,19 @@ def settings_page(request):
         egress_form=forms.EgressForm(initial=_egress_initial(request, policy)),
         roles=Role.choices,
         new_token=request.session.pop("new_token", None),
+        approval_form=forms.ApprovalPolicyForm(
+            initial={
+                "approval_role": workspace.approval_role,
+                "approval_timeout": workspace.approval_timeout // 60,
+                "webhook_url": workspace.approval_webhook_url,
+            }
+        ),
+        webhook_deliveries=(
+            webhooks.webhook_deliveries(actor=request.actor, workspace_id=workspace.id)[:RECENT_DELIVERIES]
+            if can_manage
+            else []
+        ),
+        new_webhook_secret=request.session.pop("new_webhook_secret", None),
     )
 
 
@@ -456,6 +528,28 @@ def _settings_post(form_class, apply, success):
         return redirect("settings", request.workspace.id)
 
     return view
+
+
+# Webhook deliveries shown on the settings page, newest first (the API pages through them all).
+RECENT_DELIVERIES = 10
+
+
+def _approval_policy(request, data):
+    with transaction.atomic():  # every change or none
+        approvals.approval_policy_set(
+            actor=request.actor,
+            workspace_id=request.workspace.id,
+            role=data["approval_role"],
+            timeout=data["approval_timeout"] * 60,
+        )
+        _workspace, secret = webhooks.webhook_set(
+            actor=request.actor,
+            workspace_id=request.workspace.id,
+            url=data["webhook_url"],
+            rotate_secret=data["rotate_secret"],
+        )
+    if secret:
+        request.session["new_webhook_secret"] = secret  # shown once, on the next page, then gone
 
 
 def _new_api_key(request, data):
@@ -483,6 +577,9 @@ workspace_rename = _settings_post(
     forms.RenameForm,
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
     "Workspace renamed.",
+)
+approval_policy_set = _settings_post(
+    forms.ApprovalPolicyForm, _approval_policy, _lazy("Approval policy saved.")
 )
 agent_command_set = _settings_post(
     forms.AgentCommandForm,

@@ -50,6 +50,9 @@ LXC_TEST_SETTINGS = {
 
 SCRIPTED_MODEL_HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])
 SCRIPTED_MODEL_URL = f"http://{SCRIPTED_MODEL_HOST}:{SCRIPTED_MODEL_PORT}/v1"
+# The guest endpoint the test desktops are given, on the test bridge's host address too.
+GUEST_PORT = 18432
+GUEST_URL = f"http://{SCRIPTED_MODEL_HOST}:{GUEST_PORT}"
 
 
 def pytest_configure(config):
@@ -168,9 +171,12 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
         basetemp,
         DRIVER_RETRY_MAX="2",
         DRIVER_RETRY_BACKOFF_MAX="1",
-        # Desktops may reach the scripted model server on the host, and a dead worker's chat turn
-        # is handed on after 3 s rather than a minute.
-        LXC_HOST_TCP_PORTS=str(SCRIPTED_MODEL_PORT),
+        # Desktops may reach the scripted model server and the guest endpoint on the host, and a dead
+        # worker's chat turn is handed on after 3 s rather than a minute.
+        LXC_HOST_TCP_PORTS=f"{SCRIPTED_MODEL_PORT},{GUEST_PORT}",
+        GUEST_URL=GUEST_URL,
+        # The suite's webhook receivers listen on loopback.
+        WEBHOOK_ALLOW_PRIVATE="true",
         CHAT_STALE_AFTER="3",
     )
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
@@ -189,14 +195,35 @@ def node_answers(node: str) -> bool:
 
 
 @contextmanager
-def web_server(driver_dir: Path, basetemp: Path, port: int | None = None, **extra: str):
-    """Daphne serving the whole ASGI app (pages, API, relays) on a loopback port (a free one unless
-    given: a test restarting the server gives the same one); yields its URL."""
+def web_server(
+    driver_dir: Path, basetemp: Path, host: str = "127.0.0.1", port: int | None = None, **extra: str
+):
+    """Daphne serving the whole ASGI app (pages, API, relays) on a port of loopback by default (a free
+    one unless given: a test restarting the server gives the same one); yields its URL."""
     port = port or free_port()
-    args = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
+    args = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "lebureau.asgi:application"]
     env = service_env(driver_dir, basetemp, **extra)
-    with service_process(f"daphne-{port}", args, env, basetemp, lambda: port_open(port)):
-        yield f"http://127.0.0.1:{port}"
+    with service_process(f"daphne-{port}", args, env, basetemp, lambda: port_open(port, host)):
+        yield f"http://{host}:{port}"
+
+
+@contextmanager
+def guest_server(driver_dir: Path, basetemp: Path, host: str = "127.0.0.1", port: int | None = None):
+    """Daphne serving the guest endpoint (`lebureau.guest_asgi`), as `make run` does; yields its URL."""
+    port = port or free_port()
+    app = "lebureau.guest_asgi:application"
+    args = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), app]
+    env = service_env(driver_dir, basetemp, ALLOWED_HOSTS=host)
+    with service_process(f"guest-{port}", args, env, basetemp, lambda: port_open(port, host)):
+        yield f"http://{host}:{port}"
+
+
+@pytest.fixture
+def guest_endpoint(lxc_test_engine, driver_dir, tmp_path_factory):
+    """The guest endpoint where the test desktops are told it is, on their bridge."""
+    lxc_net.ensure_bridge(LXC_TEST_SETTINGS["LXC_BRIDGE"], LXC_TEST_SETTINGS["LXC_SUBNET"])
+    with guest_server(driver_dir, tmp_path_factory.getbasetemp(), SCRIPTED_MODEL_HOST, GUEST_PORT) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ from django.utils import timezone
 from desktops import chat, services
 from desktops.audit import Actor
 from desktops.errors import Forbidden
-from desktops.models import ChatMessage, Role
+from desktops.models import AuditEvent, ChatChunk, ChatMessage, Role
+from tests.conftest import client_for
 from tests.factories import DesktopFactory
 
 
@@ -79,3 +80,48 @@ def test_instructing_the_agent_takes_the_workspaces_control_role(members, worksp
     with pytest.raises(Forbidden, match="needs the Admin role"):
         send(members, desktop, "lis-moi la clé")
     assert not ChatMessage.objects.filter(desktop=desktop).exists()
+
+
+def cancel_url(desktop, message) -> str:
+    return f"/api/desktops/{desktop.id}/chat/{message.id}/cancel"
+
+
+def test_a_queued_turn_cancelled_never_starts_and_the_next_one_does(members, workspace):
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    first, second = send(members, desktop, "un"), send(members, desktop, "deux")
+    # By the operator's own message, as the conversation shows it.
+    response = client_for(members[Role.MEMBER]).post(cancel_url(desktop, first.reply_to))
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "cancelled"
+    assert chat.chat_claim_next(desktop_id=desktop.id) == second
+    assert AuditEvent.objects.filter(action="chat.cancel", detail__message=first.id).exists()
+    again = client_for(members[Role.MEMBER]).post(cancel_url(desktop, first))
+    assert again.status_code == 409, again.content
+
+
+def test_cancelling_a_running_turn_takes_it_from_its_follower(members, workspace):
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    reply = send(members, desktop, "longue tâche")
+    claimed = chat.chat_claim_next(desktop_id=desktop.id)
+    ChatChunk.objects.create(message_id=reply.id, text="déjà dit")
+    stopped = chat.chat_cancel(
+        actor=Actor(user=members[Role.MEMBER].user), desktop=desktop, message_id=reply.id
+    )
+    assert (stopped.status, stopped.content) == ("cancelled", "déjà dit")
+    # The follower no longer holds the turn: whatever it would write next is refused.
+    with pytest.raises(chat.Superseded):
+        chat._Answer(claimed).save()
+
+
+def test_a_cancel_takes_the_control_role_and_an_outsider_sees_nothing(members, workspace):
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    reply = send(members, desktop, "travaille")
+    viewer = client_for(members[Role.VIEWER]).post(cancel_url(desktop, reply))
+    assert viewer.status_code == 403, viewer.content
+    outsider = client_for(members["outsider"]).post(cancel_url(desktop, reply))
+    assert outsider.status_code == 404, outsider.content
+    # Another desktop's message is not found through this one.
+    mine = DesktopFactory(workspace=members["outsider"].workspace, state="running")
+    crossed = client_for(members["outsider"]).post(cancel_url(mine, reply))
+    assert crossed.status_code == 404, crossed.content
+    assert ChatMessage.objects.get(id=reply.id).status == "queued"

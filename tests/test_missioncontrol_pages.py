@@ -3,9 +3,9 @@
 import pytest
 from django.core import mail
 
-from desktops import services
+from desktops import approvals, services
 from desktops.audit import Actor
-from desktops.models import ApiKey, AuditEvent, DesktopState, Invitation, LLMKey, Role
+from desktops.models import ApiKey, Approval, AuditEvent, DesktopState, Invitation, LLMKey, Role
 from tests.factories import DesktopFactory, MembershipFactory, UserFactory
 
 
@@ -19,6 +19,8 @@ def page_urls(ws, desktop):
         f"/w/{ws.id}/desktops/",
         f"/w/{ws.id}/settings/",
         f"/desktops/{desktop.id}/",
+        f"/w/{ws.id}/approvals/",
+        f"/w/{ws.id}/approvals/?fragment=1&desktop={desktop.id}",
     ]
 
 
@@ -229,3 +231,58 @@ def test_member_of_two_workspaces_switches(client, members, workspace):
     assert other.name in page  # the switcher offers it
     assert client.get(f"/switch/?workspace={other.id}").url == f"/w/{other.id}/desktops/"
     assert client.get("/").url == f"/w/{workspace.id}/desktops/"  # the last one opened
+
+
+def test_the_approval_queue_shows_what_is_asked_and_only_the_policys_roles_answer(client, members, workspace):
+    desktop = DesktopFactory(workspace=workspace, name="deployer", state=DesktopState.RUNNING)
+    asked = approvals.approval_request(
+        desktop=desktop, title="terraform apply", details="+ 3 to add", cwd="/infra"
+    )
+    elsewhere = approvals.approval_request(desktop=DesktopFactory(name="other-ws"), title="Ailleurs")
+    queue = logged_in(client, members[Role.VIEWER]).get(f"/w/{workspace.id}/approvals/").content.decode()
+    assert "terraform apply" in queue and "+ 3 to add" in queue and "/infra" in queue and "deployer" in queue
+    assert "Ailleurs" not in queue
+    assert 'value="approve"' not in queue  # viewers watch
+    assert client.post(f"/approvals/{asked.id}/decide/", {"decision": "approve"}).status_code == 302
+    assert Approval.objects.get(id=asked.id).status == "pending"
+    # Another workspace's request is not found, let alone answered.
+    logged_in(client, members[Role.MEMBER])
+    assert client.post(f"/approvals/{elsewhere.id}/decide/", {"decision": "approve"}).status_code == 404
+    assert 'value="approve"' in client.get(f"/w/{workspace.id}/approvals/").content.decode()
+    client.post(f"/approvals/{asked.id}/decide/", {"decision": "deny", "comment": "Pas un vendredi."})
+    denied = Approval.objects.get(id=asked.id)
+    assert (denied.status, denied.comment, denied.decided_by) == (
+        "denied",
+        "Pas un vendredi.",
+        members[Role.MEMBER].user,
+    )
+    assert Approval.objects.get(id=elsewhere.id).status == "pending"
+
+
+def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
+    client, members, workspace, settings
+):
+    settings.WEBHOOK_ALLOW_PRIVATE = True  # a receiver on loopback
+    policy = {"approval_role": "admin", "approval_timeout": "15", "webhook_url": "http://127.0.0.1:9/hook"}
+    logged_in(client, members[Role.MEMBER])
+    refused = client.post(f"/w/{workspace.id}/settings/approvals/", policy, follow=True).content.decode()
+    assert "needs the admin role" in refused
+    workspace.refresh_from_db()
+    assert (workspace.approval_role, workspace.approval_webhook_url) == ("member", "")
+    logged_in(client, members[Role.ADMIN])
+    client.post(f"/w/{workspace.id}/settings/approvals/", policy)
+    workspace.refresh_from_db()
+    assert (workspace.approval_role, workspace.approval_timeout) == ("admin", 900)
+    assert workspace.approval_webhook_url == "http://127.0.0.1:9/hook"
+    shown = client.get(f"/w/{workspace.id}/settings/").content.decode()
+    assert 'id="new-webhook-secret">whsec_' in shown
+    assert "whsec_" not in client.get(f"/w/{workspace.id}/settings/").content.decode()
+
+
+def test_the_desktops_page_shows_which_desktops_wait_for_an_approval(client, members, workspace, plan):
+    asking = DesktopFactory(workspace=workspace, name="asking", state=DesktopState.RUNNING)
+    DesktopFactory(workspace=workspace, name="quiet", state=DesktopState.RUNNING)
+    for title in ("un", "deux"):
+        approvals.approval_request(desktop=asking, title=title)
+    page = logged_in(client, members[Role.VIEWER]).get(f"/w/{workspace.id}/desktops/").content.decode()
+    assert page.count("approvals waiting") == 1 and "2 approvals waiting" in page

@@ -11,13 +11,16 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, chat, egress, engines, lifecycle, schedules, selectors
+from desktops import agent_config, approvals, chat, egress, engines, lifecycle, schedules, selectors, webhooks
 from desktops.engines import TransientDriverError
 from desktops.queue import (
+    APPROVAL_EMAIL,
     CHAT_DELIVER,
+    CHAT_STOP,
     DESKTOP_EGRESS_APPLY,
     DESKTOP_STEP,
     SCHEDULE_FIRE,
+    WEBHOOK_DELIVER,
     WORKSPACE_AGENT_CONFIGURE,
 )
 
@@ -190,6 +193,23 @@ def chat_follow(*, message_id: str, follower: str) -> None:
             chat_deliver.delay(desktop_id=desktop_id)
 
 
+@shared_task(
+    name=CHAT_STOP,
+    acks_late=True,
+    autoretry_for=SSH_TRANSIENT,
+    retry_backoff=2,
+    max_retries=settings.DRIVER_RETRY_MAX,
+    soft_time_limit=60,
+)
+def chat_stop(*, message_id: str, started: bool) -> None:
+    """An operator cancelled a turn: end its processes in the desktop, then let the queue move on."""
+    workspace_id = chat.chat_stop(message_id=message_id, started=started)
+    if workspace_id:
+        schedules.schedule_turn_ended(message_id=message_id)
+        for desktop_id in chat.chat_waiting(workspace_id=workspace_id):
+            chat_deliver.delay(desktop_id=desktop_id)
+
+
 @shared_task(name="workers.tasks.chat_resume", acks_late=True, soft_time_limit=60)
 def chat_resume() -> None:
     """Hand turns whose worker died to a live one, and restart stalled queues."""
@@ -198,6 +218,41 @@ def chat_resume() -> None:
         chat_follow.delay(message_id=message_id, follower=follower)
     for desktop_id in stalled:
         chat_deliver.delay(desktop_id=desktop_id)
+
+
+@shared_task(name="workers.tasks.approvals_expire", acks_late=True, soft_time_limit=60)
+def approvals_expire() -> int:
+    """Beat: refuse the requests for approval whose time is up."""
+    return approvals.approvals_expire()
+
+
+@shared_task(
+    name=APPROVAL_EMAIL,
+    acks_late=True,
+    autoretry_for=(OSError,),  # the mail server not answering
+    retry_backoff=5,
+    max_retries=5,
+    soft_time_limit=60,
+)
+def approval_email(*, approval_id: str) -> int:
+    """Tell the people who may answer a request for approval that it waits."""
+    return approvals.approval_email(approval_id=approval_id)
+
+
+@shared_task(
+    name=WEBHOOK_DELIVER,
+    bind=True,
+    acks_late=True,
+    autoretry_for=(webhooks.DeliveryFailed,),
+    retry_backoff=2,
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=settings.WEBHOOK_ATTEMPTS - 1,
+    soft_time_limit=60,
+)
+def webhook_deliver(self, *, delivery_id: str) -> None:
+    """Send one event to a workspace's webhook; a failed attempt is tried again later, with backoff."""
+    webhooks.webhook_attempt(delivery_id=delivery_id, last=self.request.retries >= self.max_retries)
 
 
 @shared_task(name="workers.tasks.schedules_run", acks_late=True, soft_time_limit=50)

@@ -7,9 +7,11 @@ from rest_framework import serializers
 from billing.metering import month_parse
 from billing.models import ModelPrice, Tier
 from billing.selectors import price_of
+from desktops.approvals import approval_status
 from desktops.models import (
     ApiKey,
     ApiScope,
+    Approval,
     AuditEvent,
     ChatMessage,
     Desktop,
@@ -24,6 +26,7 @@ from desktops.models import (
     Role,
     Schedule,
     ScheduleRun,
+    WebhookDelivery,
     Workspace,
     hostname_validator,
 )
@@ -262,8 +265,16 @@ class DesktopEventSerializer(serializers.ModelSerializer):
 class WorkspaceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["id", "name", "agent_command", "control_role", "created_at"]
-        read_only_fields = ["agent_command", "control_role"]
+        fields = [
+            "id",
+            "name",
+            "agent_command",
+            "control_role",
+            "approval_role",
+            "approval_timeout",
+            "created_at",
+        ]
+        read_only_fields = ["agent_command", "control_role", "approval_role", "approval_timeout"]
 
 
 class WorkspaceUpdateSerializer(serializers.Serializer):
@@ -278,6 +289,14 @@ class WorkspaceUpdateSerializer(serializers.Serializer):
         choices=[Role.MEMBER, Role.ADMIN, Role.OWNER],
         required=False,
         help_text="The lowest role that may take control of a desktop (and so read what it holds: keys).",
+    )
+    approval_role = serializers.ChoiceField(
+        choices=[Role.MEMBER, Role.ADMIN, Role.OWNER],
+        required=False,
+        help_text="The lowest role that may answer the agents' requests for approval.",
+    )
+    approval_timeout = serializers.IntegerField(
+        required=False, help_text="Seconds a request for approval waits, by default, before it is refused."
     )
 
 
@@ -624,3 +643,87 @@ class ModelPriceWriteSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=200, help_text="As the agent names it, e.g. claude-sonnet-4-5")
     input_per_million = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)
     output_per_million = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)
+
+
+# Approvals
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    desktop_name = serializers.CharField(source="desktop.name", read_only=True)
+    workspace_id = serializers.CharField(source="desktop.workspace_id", read_only=True)
+    status = serializers.SerializerMethodField(help_text="pending, approved, denied or expired (timed out).")
+    decided_by = serializers.SerializerMethodField()
+    turn = serializers.CharField(
+        source="turn_id",
+        read_only=True,
+        allow_null=True,
+        help_text="The agent's reply under way when it asked.",
+    )
+
+    def get_status(self, approval) -> str:
+        return approval_status(approval)
+
+    def get_decided_by(self, approval) -> str:
+        return approval.decided_by.email if approval.decided_by else ""
+
+    class Meta:
+        model = Approval
+        fields = [
+            "id",
+            "desktop",
+            "desktop_name",
+            "workspace_id",
+            "title",
+            "details",
+            "cwd",
+            "turn",
+            "digest",
+            "status",
+            "requested_at",
+            "expires_at",
+            "decided_by",
+            "decided_at",
+            "comment",
+        ]
+
+
+class ApprovalQuery(serializers.Serializer):
+    workspace = serializers.CharField(required=False, help_text="Workspace id (ws_…)")
+    desktop = serializers.CharField(required=False, help_text="Desktop id (dsk_…)")
+    status = serializers.ChoiceField(choices=Approval.Status.values, required=False)
+
+
+class ApprovalDecisionSerializer(serializers.Serializer):
+    comment = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
+
+
+# Webhooks
+
+
+class WebhookSetSerializer(serializers.Serializer):
+    url = serializers.CharField(allow_blank=True, max_length=500, help_text="http(s) address; blank: none.")
+    rotate_secret = serializers.BooleanField(default=False, help_text="Make a new signing secret.")
+
+
+class WebhookSerializer(serializers.Serializer):
+    url = serializers.CharField()
+    secret = serializers.CharField(
+        help_text="The signing secret, only in the answer that made it; keep it, it is not shown again."
+    )
+
+
+class WebhookDeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookDelivery
+        fields = [
+            "id",
+            "event",
+            "url",
+            "payload",
+            "status",
+            "attempts",
+            "response_status",
+            "last_error",
+            "created_at",
+            "delivered_at",
+        ]

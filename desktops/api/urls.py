@@ -23,6 +23,7 @@ router.register("keys", views.ApiKeyViewSet, basename="api-key")
 router.register("llm-keys", views.LLMKeyViewSet, basename="llm-key")
 router.register("audit", views.AuditViewSet, basename="audit")
 router.register("schedules", views.ScheduleViewSet, basename="schedule")
+router.register("approvals", views.ApprovalViewSet, basename="approval")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -24,7 +24,7 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import bulk, egress, schedules, selectors, services
+from desktops import approvals, bulk, chat, egress, schedules, selectors, services, webhooks
 from desktops.api import serializers as s
 from desktops.audit import Actor
 from desktops.commands import desktop_exec
@@ -230,6 +230,14 @@ class DesktopViewSet(ApiViewSet):
         """One message; its content grows while the agent answers (poll it until its status is done)."""
         message = selectors.chat_message_get(desktop=self._desktop(pk), message_id=message_id)
         return Response(s.ChatMessageSerializer(message).data)
+
+    @extend_schema(request=None, responses={200: s.ChatMessageSerializer, 409: NOT_NOW})
+    @action(detail=True, methods=["post"], url_path=r"chat/(?P<message_id>msg_[a-z0-9]+)/cancel")
+    def chat_cancel(self, request, pk, message_id):
+        """Cancel a turn (by the operator's message or the agent's reply): a queued one never starts, a
+        running one is stopped in the desktop, its processes with it. Needs the role that may take control."""
+        reply = chat.chat_cancel(actor=self.actor, desktop=self._desktop(pk), message_id=message_id)
+        return Response(s.ChatMessageSerializer(reply).data)
 
     # Fleets: many desktops in one call, within one workspace (desktops.bulk), and their labels.
 
@@ -478,6 +486,13 @@ class WorkspaceViewSet(ApiViewSet):
                 workspace = services.workspace_control_role_set(
                     actor=self.actor, workspace_id=pk, role=data["control_role"]
                 )
+            if "approval_role" in data or "approval_timeout" in data:
+                workspace = approvals.approval_policy_set(
+                    actor=self.actor,
+                    workspace_id=pk,
+                    role=data.get("approval_role"),
+                    timeout=data.get("approval_timeout"),
+                )
         return Response(s.WorkspaceSerializer(workspace).data)
 
     @extend_schema(responses={204: None, 409: NOT_NOW})
@@ -540,6 +555,27 @@ class WorkspaceViewSet(ApiViewSet):
             actor=self.actor, workspace_id=pk, **self.valid(s.EgressWriteSerializer, request.data)
         )
         return Response(s.EgressSerializer(policy).data)
+
+    @extend_schema(methods=["GET"], responses=s.WebhookSerializer)
+    @extend_schema(methods=["PUT"], request=s.WebhookSetSerializer, responses=s.WebhookSerializer)
+    @action(detail=True, methods=["get", "put"])
+    def webhook(self, request, pk):
+        """Where the workspace's requests for approval and their answers are POSTed, signed (admins). The
+        signing secret is shown once: when the first URL is set, or when `rotateSecret` asks for a new one."""
+        workspace, secret = self.workspace(pk, minimum=Role.ADMIN), ""
+        if request.method == "PUT":
+            data = self.valid(s.WebhookSetSerializer, request.data)
+            workspace, secret = webhooks.webhook_set(
+                actor=self.actor, workspace_id=pk, url=data["url"], rotate_secret=data["rotate_secret"]
+            )
+        return Response(s.WebhookSerializer({"url": workspace.approval_webhook_url, "secret": secret}).data)
+
+    @extend_schema(responses=s.WebhookDeliverySerializer(many=True))
+    @action(detail=True, methods=["get"], url_path="webhook/deliveries")
+    def webhook_deliveries(self, request, pk):
+        """What was sent to the webhook, newest first, and how each delivery went (admins)."""
+        deliveries = webhooks.webhook_deliveries(actor=self.actor, workspace_id=pk)
+        return self.page(deliveries, s.WebhookDeliverySerializer)
 
     @extend_schema(responses=s.LabelCountSerializer(many=True))
     @action(detail=True, methods=["get"])
@@ -698,3 +734,44 @@ class AuditViewSet(ApiViewSet):
         query = self.query(AuditQuery)
         workspace = self.workspace(query.pop("workspace", None), minimum=Role.ADMIN)
         return self.page(selectors.audit_list(workspace=workspace, **query), s.AuditEventSerializer)
+
+
+class ApprovalViewSet(ApiViewSet):
+    """Agents' requests for approval, asked from inside their desktops (`bureau approve`)."""
+
+    serializer_class = s.ApprovalSerializer
+
+    @extend_schema(parameters=[s.ApprovalQuery])
+    def list(self, request):
+        """The requests of your workspaces, newest first; `?status=pending` is the queue to answer."""
+        query = self.query(s.ApprovalQuery)
+        found = approvals.approval_list(
+            actor=self.actor,
+            workspace_id=query.get("workspace"),
+            desktop_id=query.get("desktop"),
+            status=query.get("status"),
+        )
+        return self.page(found, s.ApprovalSerializer)
+
+    def retrieve(self, request, pk):
+        return Response(s.ApprovalSerializer(approvals.approval_get(actor=self.actor, approval_id=pk)).data)
+
+    @extend_schema(request=s.ApprovalDecisionSerializer, responses={200: s.ApprovalSerializer, 409: NOT_NOW})
+    @action(detail=True, methods=["post"])
+    def approve(self, request, pk):
+        """Approve the request, with an optional comment the agent reads; the first answer stands."""
+        return self._decide(pk, approve=True)
+
+    @extend_schema(request=s.ApprovalDecisionSerializer, responses={200: s.ApprovalSerializer, 409: NOT_NOW})
+    @action(detail=True, methods=["post"])
+    def deny(self, request, pk):
+        """Deny the request, with an optional comment the agent reads (why, what to do instead)."""
+        return self._decide(pk, approve=False)
+
+    def _decide(self, pk, *, approve: bool):
+        approvals.approval_get(actor=self.actor, approval_id=pk)  # who may see it, before the body
+        comment = self.valid(s.ApprovalDecisionSerializer, self.request.data)["comment"]
+        approval = approvals.approval_decide(
+            actor=self.actor, approval_id=pk, approve=approve, comment=comment
+        )
+        return Response(s.ApprovalSerializer(approval).data)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from desktops import approvals
 from desktops.models import Invitation, Role
 from tests.conftest import client_for
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
@@ -369,6 +370,59 @@ CASES += [
         lambda ws, m: ("delete", f"/api/desktops/{_desktop(ws, m)}/egress", None),
     ),
 ]
+
+
+def _approval(ws, m):
+    return approvals.approval_request(
+        desktop=DesktopFactory(workspace=ws, state="running"), title="Déployer"
+    ).id
+
+
+LOOP_CASES = [
+    Case(
+        "cancel a turn",
+        Role.MEMBER,
+        200,
+        lambda ws, m: ("post", f"{_chat_reply(ws, m)}/cancel", None),
+    ),
+    Case(
+        "list approvals", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/approvals?workspace={ws.id}", None)
+    ),
+    Case("get approval", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/approvals/{_approval(ws, m)}", None)),
+    Case(
+        "approve",
+        Role.MEMBER,
+        200,
+        lambda ws, m: ("post", f"/api/approvals/{_approval(ws, m)}/approve", {"comment": "Oui"}),
+    ),
+    Case("deny", Role.MEMBER, 200, lambda ws, m: ("post", f"/api/approvals/{_approval(ws, m)}/deny", {})),
+    Case(
+        "set the approval policy",
+        Role.ADMIN,
+        200,
+        lambda ws, m: (
+            "patch",
+            f"/api/workspaces/{ws.id}",
+            {"approvalRole": "admin", "approvalTimeout": 600},
+        ),
+    ),
+    Case(
+        "read the webhook", Role.ADMIN, 200, lambda ws, m: ("get", f"/api/workspaces/{ws.id}/webhook", None)
+    ),
+    Case(
+        "set the webhook",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("put", f"/api/workspaces/{ws.id}/webhook", {"url": "", "rotateSecret": True}),
+    ),
+    Case(
+        "webhook deliveries",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("get", f"/api/workspaces/{ws.id}/webhook/deliveries", None),
+    ),
+]
+CASES += LOOP_CASES
 
 
 def _invitation(workspace, members) -> str:

@@ -43,6 +43,7 @@ function connect() {
     live.classList.remove("down");
   });
   stream.addEventListener("desktop", (message) => apply(JSON.parse(message.data)));
+  stream.addEventListener("approval", reloadRows); // a desktop's requests waiting for an answer
   stream.addEventListener("error", () => {
     // EventSource reconnects by itself and resumes from the last event it saw.
     live.textContent = "reconnecting…";

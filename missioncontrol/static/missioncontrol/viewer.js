@@ -191,11 +191,41 @@ const shown = new Map(); // message id -> { item, content }
 let loads = 0; // the latest conversation fetch; an older one that answers late is dropped
 let held = null; // events that arrive while a fetch is under way, applied on top of it
 
+// Words the page shows, translated by the template.
+const words = root.dataset;
+
 function render(entry, status) {
   const waiting = status === "queued" || status === "running";
   entry.item.classList.toggle("pending", waiting);
   entry.item.classList.toggle("error", status === "error");
-  entry.item.textContent = entry.content || (waiting ? "The agent is working…" : "");
+  entry.item.classList.toggle("cancelled", status === "cancelled");
+  // The text in a node of its own: the Stop button beside it stays put while the answer streams in.
+  entry.text ||= entry.item.appendChild(document.createElement("span"));
+  entry.text.textContent = entry.content || (waiting ? "The agent is working…" : "");
+  if (status === "cancelled" && !entry.note) {
+    entry.note = entry.item.appendChild(document.createElement("span"));
+    entry.note.className = "muted";
+    entry.note.textContent = ` (${words.stoppedLabel})`;
+  }
+  if (waiting && canControl && !entry.stop) {
+    // Stops the turn in the desktop (the agent and what it started), or drops it from the queue.
+    entry.stop = entry.item.appendChild(document.createElement("button"));
+    entry.stop.className = "danger stop-turn";
+    entry.stop.textContent = words.stopLabel;
+    entry.stop.addEventListener("click", async () => {
+      entry.stop.disabled = true;
+      try {
+        await api(`/chat/${entry.item.dataset.message}/cancel`, { method: "POST" });
+      } catch (error) {
+        alert(error.message);
+      }
+      loadChat();
+    });
+  }
+  if (!waiting && entry.stop) {
+    entry.stop.remove();
+    entry.stop = null;
+  }
 }
 
 async function loadChat() {
@@ -234,7 +264,7 @@ function applyChat(event) {
   if (event.desktop_id !== desktopId) return;
   if (held) return held.push(event);
   const entry = shown.get(event.message_id);
-  const finished = event.status === "done" || event.status === "error";
+  const finished = ["done", "error", "cancelled"].includes(event.status);
   if (!entry) return loadChat(); // a message this page has not seen yet
   if (finished) {
     entry.content = event.text;

@@ -12,6 +12,9 @@ from environs import Env
 
 from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX
 
+# The control plane's guest endpoint port, the one port of the host desktops need by default.
+GUEST_PORT = 8001
+
 
 def host_nameservers() -> tuple[str, ...]:
     """The host's own resolvers, where the desktops' resolvers (on the host) send the names they allow."""
@@ -43,8 +46,8 @@ class LxcConfig:
     # The guests' ids are mapped from here on the host (the golden image is built for it).
     id_base: int = 100000
     id_count: int = 65536
-    # TCP ports of this host that desktops may open.
-    host_tcp_ports: tuple[int, ...] = ()
+    # TCP ports of this host that desktops may open: the control plane's guest endpoint (GUEST_PORT).
+    host_tcp_ports: tuple[int, ...] = (GUEST_PORT,)
     # Destinations no desktop ever reaches, whatever its egress policy.
     denied_cidrs: tuple[str, ...] = DENIED_CIDRS
     # Where each desktop's resolver (on this host) sends the names it allows.
@@ -76,7 +79,7 @@ class LxcConfig:
             subnet=env.str("LXC_SUBNET", defaults["subnet"].default),
             nft_table=env.str("LXC_NFT_TABLE", defaults["nft_table"].default),
             veth_prefix=env.str("LXC_VETH_PREFIX", defaults["veth_prefix"].default),
-            host_tcp_ports=tuple(env.list("LXC_HOST_TCP_PORTS", [], subcast=int)),
+            host_tcp_ports=tuple(env.list("LXC_HOST_TCP_PORTS", [GUEST_PORT], subcast=int)),
             denied_cidrs=tuple(env.list("LXC_DENIED_CIDRS", list(DENIED_CIDRS))),
             upstream_dns=tuple(env.list("LXC_UPSTREAM_DNS", list(host_nameservers()))),
             resolver_port_base=env.int("LXC_RESOLVER_PORT_BASE", defaults["resolver_port_base"].default),

@@ -22,6 +22,7 @@ class _Resources:
     plans: r.Plans[Any]
     tiers: r.Tiers[Any]
     audit: r.Audit[Any]
+    approvals: r.Approvals[Any]
 
     def _attach(self, runner: Runner) -> None:
         self.desktops = r.Desktops(runner)
@@ -34,6 +35,7 @@ class _Resources:
         self.plans = r.Plans(runner)
         self.tiers = r.Tiers(runner)
         self.audit = r.Audit(runner)
+        self.approvals = r.Approvals(runner)
 
 
 class Client(_Resources):
@@ -54,6 +56,7 @@ class Client(_Resources):
     plans: r.Plans[Sync]
     tiers: r.Tiers[Sync]
     audit: r.Audit[Sync]
+    approvals: r.Approvals[Sync]
 
     def __init__(
         self,
@@ -92,6 +95,7 @@ class AsyncClient(_Resources):
     plans: r.Plans[Async]
     tiers: r.Tiers[Async]
     audit: r.Audit[Async]
+    approvals: r.Approvals[Async]
 
     def __init__(
         self,

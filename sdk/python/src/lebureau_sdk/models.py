@@ -107,7 +107,7 @@ class ChatMessage:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("done", "error")
+        return self.status in ("done", "error", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +161,8 @@ class Workspace:
     name: str
     agent_command: str
     control_role: str
+    approval_role: str
+    approval_timeout: int
     created_at: datetime
 
 
@@ -378,3 +380,46 @@ class ModelPrice:
     input_per_million: Decimal
     output_per_million: Decimal
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An agent's request for approval (`bureau approve` in its desktop) and its answer."""
+
+    id: str
+    desktop: str
+    desktop_name: str
+    workspace_id: str
+    title: str
+    details: str
+    cwd: str
+    turn: str | None
+    digest: str
+    status: str
+    requested_at: datetime
+    expires_at: datetime
+    decided_by: str
+    decided_at: datetime | None
+    comment: str
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """Where a workspace's approval events go; `secret` only in the answer that made it."""
+
+    url: str
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    id: str
+    event: str
+    url: str
+    payload: dict[str, Any]
+    status: str
+    attempts: int
+    response_status: int | None
+    last_error: str
+    created_at: datetime
+    delivered_at: datetime | None

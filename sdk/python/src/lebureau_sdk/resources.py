@@ -343,6 +343,7 @@ def _wait(
 CHAT = Endpoint("GET", "/api/desktops/{desktop_id}/chat", m.ChatMessage, paged=True)
 CHAT_SEND = Endpoint("POST", "/api/desktops/{desktop_id}/chat", m.ChatMessage, body=("message",))
 CHAT_MESSAGE = Endpoint("GET", "/api/desktops/{desktop_id}/chat/{message_id}", m.ChatMessage)
+CHAT_CANCEL = Endpoint("POST", "/api/desktops/{desktop_id}/chat/{message_id}/cancel", m.ChatMessage)
 
 
 class Chat(Resource[M]):
@@ -365,6 +366,11 @@ class Chat(Resource[M]):
     @operation(CHAT_MESSAGE)
     def get(self, desktop_id: str, message_id: str) -> Plan[m.ChatMessage]:
         return (yield CHAT_MESSAGE.call(desktop_id=desktop_id, message_id=message_id))
+
+    @operation(CHAT_CANCEL)
+    def cancel(self, desktop_id: str, message_id: str) -> Plan[m.ChatMessage]:
+        """Cancel a turn: a queued one never starts, a running one is stopped in the desktop."""
+        return (yield CHAT_CANCEL.call(desktop_id=desktop_id, message_id=message_id))
 
     @streaming(CHAT_MESSAGE, local=("interval", "timeout"))
     def follow(
@@ -503,9 +509,19 @@ WORKSPACES = Endpoint("GET", "/api/workspaces", m.Workspace, paged=True)
 WORKSPACE_CREATE = Endpoint("POST", "/api/workspaces", m.Workspace, body=("name",))
 WORKSPACE = Endpoint("GET", "/api/workspaces/{workspace_id}", m.Workspace)
 WORKSPACE_UPDATE = Endpoint(
-    "PATCH", "/api/workspaces/{workspace_id}", m.Workspace, body=("name", "agent_command", "control_role")
+    "PATCH",
+    "/api/workspaces/{workspace_id}",
+    m.Workspace,
+    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout"),
 )
 WORKSPACE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}")
+WEBHOOK = Endpoint("GET", "/api/workspaces/{workspace_id}/webhook", m.Webhook)
+WEBHOOK_SET = Endpoint(
+    "PUT", "/api/workspaces/{workspace_id}/webhook", m.Webhook, body=("url", "rotate_secret")
+)
+WEBHOOK_DELIVERIES = Endpoint(
+    "GET", "/api/workspaces/{workspace_id}/webhook/deliveries", m.WebhookDelivery, paged=True
+)
 WORKSPACE_USAGE = Endpoint("GET", "/api/workspaces/{workspace_id}/usage", m.WorkspaceUsage)
 WORKSPACE_COSTS = Endpoint("GET", "/api/workspaces/{workspace_id}/costs", m.MonthCosts, query=("month",))
 WORKSPACE_QUOTA = Endpoint("GET", "/api/workspaces/{workspace_id}/quota", m.QuotaUsage)
@@ -554,15 +570,37 @@ class Workspaces(Resource[M]):
         name: str | None = None,
         agent_command: str | None = None,
         control_role: str | None = None,
+        approval_role: str | None = None,
+        approval_timeout: int | None = None,
     ) -> Plan[m.Workspace]:
         call = WORKSPACE_UPDATE.call(
-            workspace_id=workspace_id, name=name, agent_command=agent_command, control_role=control_role
+            workspace_id=workspace_id,
+            name=name,
+            agent_command=agent_command,
+            control_role=control_role,
+            approval_role=approval_role,
+            approval_timeout=approval_timeout,
         )
         return (yield call)
 
     @operation(WORKSPACE_DELETE)
     def delete(self, workspace_id: str) -> Plan[None]:
         return (yield WORKSPACE_DELETE.call(workspace_id=workspace_id))
+
+    @operation(WEBHOOK)
+    def webhook(self, workspace_id: str) -> Plan[m.Webhook]:
+        return (yield WEBHOOK.call(workspace_id=workspace_id))
+
+    @operation(WEBHOOK_SET)
+    def set_webhook(
+        self, workspace_id: str, url: str, *, rotate_secret: bool | None = None
+    ) -> Plan[m.Webhook]:
+        """Where approval events are POSTed, signed; keep the secret of the answer, it is shown once."""
+        return (yield WEBHOOK_SET.call(workspace_id=workspace_id, url=url, rotate_secret=rotate_secret))
+
+    @streaming(WEBHOOK_DELIVERIES)
+    def webhook_deliveries(self, workspace_id: str) -> Stream[m.WebhookDelivery]:
+        yield from pages(WEBHOOK_DELIVERIES.call(workspace_id=workspace_id))
 
     @operation(WORKSPACE_USAGE)
     def usage(self, workspace_id: str) -> Plan[m.WorkspaceUsage]:
@@ -822,3 +860,40 @@ class Audit(Resource[M]):
             workspace_id=workspace_id, actor=actor, action=action, target=target, since=since, until=until
         )
         yield from pages(call)
+
+
+# Approvals
+
+APPROVALS = Endpoint(
+    "GET",
+    "/api/approvals",
+    m.Approval,
+    query=("workspace_id:workspace", "desktop_id:desktop", "status"),
+    paged=True,
+)
+APPROVAL = Endpoint("GET", "/api/approvals/{approval_id}", m.Approval)
+APPROVAL_APPROVE = Endpoint("POST", "/api/approvals/{approval_id}/approve", m.Approval, body=("comment",))
+APPROVAL_DENY = Endpoint("POST", "/api/approvals/{approval_id}/deny", m.Approval, body=("comment",))
+
+
+class Approvals(Resource[M]):
+    """Agents' requests for approval, asked from their desktops; the first answer stands."""
+
+    @streaming(APPROVALS)
+    def list(
+        self, *, workspace_id: str | None = None, desktop_id: str | None = None, status: str | None = None
+    ) -> Stream[m.Approval]:
+        """Newest first; `status="pending"` is the queue waiting for an answer."""
+        yield from pages(APPROVALS.call(workspace_id=workspace_id, desktop_id=desktop_id, status=status))
+
+    @operation(APPROVAL)
+    def get(self, approval_id: str) -> Plan[m.Approval]:
+        return (yield APPROVAL.call(approval_id=approval_id))
+
+    @operation(APPROVAL_APPROVE)
+    def approve(self, approval_id: str, *, comment: str | None = None) -> Plan[m.Approval]:
+        return (yield APPROVAL_APPROVE.call(approval_id=approval_id, comment=comment))
+
+    @operation(APPROVAL_DENY)
+    def deny(self, approval_id: str, *, comment: str | None = None) -> Plan[m.Approval]:
+        return (yield APPROVAL_DENY.call(approval_id=approval_id, comment=comment))

@@ -1,0 +1,327 @@
+"""Approvals: an agent, from inside its desktop, asks its operators before doing something sensitive,
+and waits for their decision.
+
+The request comes through the guest endpoint, on the desktop's own token; people answer it from
+Mission Control or the API, if the workspace's policy gives them the role to (`approval_role`). An
+approval is bound to exactly what was asked (a digest of the desktop, title, details and working
+directory, which the desktop computes too): the decision says which request it answers. Nobody
+deciding in time refuses it (`expired`). Each step is audited: who asked, who decided, when, and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.mail import send_mass_mail
+from django.db import transaction
+from django.db.models import Count, QuerySet
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from desktops.audit import SYSTEM, Actor, audit_record
+from desktops.crypto import api_token_hash
+from desktops.errors import Conflict, Forbidden, Invalid, NotFound
+from desktops.events import ApprovalChanged, publish_approval_change
+from desktops.models import Approval, ChatMessage, Desktop, DesktopState, Role, Workspace
+from desktops.queue import APPROVAL_EMAIL, enqueue
+from desktops.selectors import role_in, workspace_get, workspaces_visible
+from desktops.webhooks import webhook_notify
+
+Status = Approval.Status
+MAX_TITLE = 200
+MAX_DETAILS = 64 * 1024
+MAX_COMMENT = 2000
+# The longest a request may wait, whatever the agent asks: a day.
+MAX_TIMEOUT = 24 * 3600
+# Requests one desktop may have waiting at once: a runaway agent cannot flood its operators.
+MAX_PENDING = 20
+
+
+def approval_policy_set(
+    *, actor: Actor, workspace_id: str, role: str | None = None, timeout: int | None = None
+) -> Workspace:
+    """Who may answer the workspace's requests for approval, and how long a request waits by default."""
+    workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    if role is not None:
+        if role not in (Role.MEMBER, Role.ADMIN, Role.OWNER):
+            message = _("Approvals go to members, admins or owners.")
+            raise Invalid(message, fields={"approvalRole": [message]})
+        workspace.approval_role = role
+    if timeout is not None:
+        if not 10 <= timeout <= MAX_TIMEOUT:
+            message = _("A request waits 10 to %(n)s seconds.") % {"n": MAX_TIMEOUT}
+            raise Invalid(message, fields={"approvalTimeout": [message]})
+        workspace.approval_timeout = timeout
+    workspace.save(update_fields=["approval_role", "approval_timeout"])
+    audit_record(
+        actor=actor,
+        action="workspace.approval_policy",
+        workspace_id=workspace.id,
+        target=workspace.id,
+        role=workspace.approval_role,
+        timeout=workspace.approval_timeout,
+    )
+    return workspace
+
+
+def approval_digest(*, desktop_id: str, title: str, details: str, cwd: str) -> str:
+    """What an approval is bound to; the `bureau` helper in the desktop computes the same."""
+    canonical = json.dumps([desktop_id, title, details, cwd], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def desktop_by_token(token: str) -> Desktop | None:
+    """The live desktop whose own token this is (a destroyed desktop's token is revoked)."""
+    if not token:
+        return None
+    live = Desktop.objects.exclude(state__in=(DesktopState.DESTROYING, DesktopState.DESTROYED))
+    return live.select_related("workspace").filter(agent_token_hash=api_token_hash(token)).first()
+
+
+def desktop_actor(desktop: Desktop) -> Actor:
+    return Actor(system=f"desktop:{desktop.id}")
+
+
+def approval_request(
+    *, desktop: Desktop, title: str, details: str = "", cwd: str = "", timeout: int | None = None
+) -> Approval:
+    """A desktop asks; the request waits `timeout` seconds (the workspace's default if None)."""
+    errors = {}
+    if not title.strip() or len(title) > MAX_TITLE:
+        errors["title"] = [_("Give a title of 1 to %(n)s characters.") % {"n": MAX_TITLE}]
+    if len(details) > MAX_DETAILS:
+        errors["details"] = [_("The details may hold %(n)s characters at most.") % {"n": MAX_DETAILS}]
+    if timeout is not None and not 1 <= timeout <= MAX_TIMEOUT:
+        errors["timeout"] = [_("Wait 1 to %(n)s seconds.") % {"n": MAX_TIMEOUT}]
+    if errors:
+        raise Invalid(next(iter(errors.values()))[0], fields=errors)
+    seconds = timeout or desktop.workspace.approval_timeout
+    with transaction.atomic():
+        # Counted under the desktop's row lock: two requests at once cannot both take the last place.
+        Desktop.objects.select_for_update().filter(id=desktop.id).exists()
+        waiting = desktop.approvals.filter(status=Status.PENDING, expires_at__gt=timezone.now())
+        if waiting.count() >= MAX_PENDING:
+            raise Conflict(
+                _("%(n)s requests of this desktop already wait for an answer: wait for one first.")
+                % {"n": MAX_PENDING}
+            )
+        approval = Approval.objects.create(
+            desktop=desktop,
+            turn=desktop.messages.filter(status=ChatMessage.Status.RUNNING).first(),
+            title=title,
+            details=details,
+            cwd=cwd[:1000],
+            digest=approval_digest(desktop_id=desktop.id, title=title, details=details, cwd=cwd),
+            expires_at=timezone.now() + timedelta(seconds=seconds),
+        )
+        # The title says what is at stake; the details (a diff, a command) stay with the request.
+        audit_record(
+            actor=desktop_actor(desktop),
+            action="approval.request",
+            workspace_id=desktop.workspace_id,
+            target=desktop.id,
+            approval=approval.id,
+            title=title,
+            timeout=seconds,
+        )
+        _publish(approval)
+        enqueue(APPROVAL_EMAIL, approval_id=approval.id)
+    return approval
+
+
+def approval_email(*, approval_id: str) -> int:
+    """Tell the people who may answer a request that it waits, by e-mail; how many were told."""
+    approval = Approval.objects.select_related("desktop__workspace").filter(id=approval_id).first()
+    if approval is None or approval_status(approval) != Status.PENDING:
+        return 0
+    workspace = approval.desktop.workspace
+    allowed = [role.value for role in Role if role.rank >= Role(workspace.approval_role).rank]
+    emails = (
+        workspace.memberships.filter(role__in=allowed, user__is_active=True)
+        .exclude(user__email="")
+        .values_list("user__email", flat=True)
+    )
+    words = {
+        "desktop": approval.desktop.name,
+        "title": approval.title,
+        "details": approval.details[:2000],
+        "cwd": approval.cwd,
+        "until": timezone.localtime(approval.expires_at).strftime("%Y-%m-%d %H:%M %Z"),
+        "link": _described(approval)["answerAt"],
+    }
+    subject = _("[Le Bureau] %(desktop)s asks: %(title)s") % words
+    body = (
+        _(
+            "The agent of %(desktop)s asks for your approval before going on:\n\n%(title)s\n\n%(details)s\n\n"
+            "(in %(cwd)s)\n\nApprove or deny it before %(until)s, or it is refused: %(link)s\n"
+        )
+        % words
+    )
+    return send_mass_mail([(subject, body, None, [email]) for email in emails])
+
+
+def approval_decide(*, actor: Actor, approval_id: str, approve: bool, comment: str = "") -> Approval:
+    """Answer a pending request, once: the first answer stands."""
+    approval = approval_get(actor=actor, approval_id=approval_id)
+    workspace = approval.desktop.workspace
+    role, needed = role_in(actor=actor, workspace_id=workspace.id), Role(workspace.approval_role)
+    if role.rank < needed.rank:
+        raise Forbidden(
+            _("Answering this workspace's requests for approval needs the %(role)s role; you are %(yours)s.")
+            % {"role": needed.label, "yours": role.label}
+        )
+    if len(comment) > MAX_COMMENT:
+        message = _("A comment has %(n)s characters at most.") % {"n": MAX_COMMENT}
+        raise Invalid(message, fields={"comment": [message]})
+    _expire(approval_id)
+    decision = Status.APPROVED if approve else Status.DENIED
+    now = timezone.now()
+    with transaction.atomic():
+        # Conditional on its still waiting: of two answers (or an answer and the timeout), one wins.
+        if not Approval.objects.filter(id=approval.id, status=Status.PENDING, expires_at__gt=now).update(
+            status=decision, decided_by=actor.user, decided_at=now, comment=comment
+        ):
+            raise Conflict(_("This request has already been answered or has timed out."))
+        approval.refresh_from_db()
+        audit_record(
+            actor=actor,
+            action=f"approval.{decision}",
+            workspace_id=workspace.id,
+            target=approval.desktop_id,
+            approval=approval.id,
+            comment=comment,
+        )
+        _publish(approval)
+    return approval
+
+
+def approval_for_desktop(*, desktop: Desktop, approval_id: str) -> Approval:
+    """One of the desktop's own requests, as the desktop sees it (timed out once its time is up)."""
+    _expire(approval_id)
+    approval = desktop.approvals.select_related("decided_by").filter(id=approval_id).first()
+    if approval is None:
+        raise NotFound(_("Request %(id)s not found.") % {"id": approval_id})
+    return approval
+
+
+def approvals_expire() -> int:
+    """Refuse every request whose time is up; how many there were."""
+    due = Approval.objects.filter(status=Status.PENDING, expires_at__lte=timezone.now())
+    return sum(_expire(approval_id) for approval_id in due.values_list("id", flat=True))
+
+
+def _expire(approval_id: str) -> bool:
+    with transaction.atomic():
+        if not Approval.objects.filter(
+            id=approval_id, status=Status.PENDING, expires_at__lte=timezone.now()
+        ).update(status=Status.EXPIRED, decided_at=timezone.now()):
+            return False
+        approval = Approval.objects.select_related("desktop").get(id=approval_id)
+        audit_record(
+            actor=SYSTEM,
+            action="approval.expired",
+            workspace_id=approval.desktop.workspace_id,
+            target=approval.desktop_id,
+            approval=approval.id,
+        )
+        _publish(approval)
+    return True
+
+
+def approval_list(
+    *, actor: Actor, workspace_id: str | None = None, desktop_id: str | None = None, status: str | None = None
+) -> QuerySet[Approval]:
+    """The requests of the workspaces the actor belongs to, newest first; pending ones past their time
+    count as timed out."""
+    if workspace_id:
+        workspace_get(actor=actor, workspace_id=workspace_id)
+    approvals = Approval.objects.filter(desktop__workspace__in=workspaces_visible(actor=actor))
+    if workspace_id:
+        approvals = approvals.filter(desktop__workspace_id=workspace_id)
+    if desktop_id:
+        approvals = approvals.filter(desktop_id=desktop_id)
+    now = timezone.now()
+    if status == Status.PENDING:
+        approvals = approvals.filter(status=Status.PENDING, expires_at__gt=now)
+    elif status == Status.EXPIRED:
+        approvals = approvals.filter(status__in=(Status.PENDING, Status.EXPIRED)).exclude(
+            status=Status.PENDING, expires_at__gt=now
+        )
+    elif status:
+        approvals = approvals.filter(status=status)
+    return approvals.select_related("desktop", "decided_by", "turn__reply_to")
+
+
+def approvals_waiting_by_desktop(*, desktop_ids: list[str]) -> dict[str, int]:
+    """How many requests wait for an answer, by desktop (those with none are left out)."""
+    waiting = Approval.objects.filter(
+        desktop_id__in=desktop_ids, status=Status.PENDING, expires_at__gt=timezone.now()
+    )
+    return dict(waiting.values("desktop_id").annotate(n=Count("id")).values_list("desktop_id", "n"))
+
+
+def approval_get(*, actor: Actor, approval_id: str) -> Approval:
+    approval = approval_list(actor=actor).filter(id=approval_id).first()
+    if approval is None:
+        raise NotFound(_("Request %(id)s not found.") % {"id": approval_id})
+    return approval
+
+
+def approval_status(approval: Approval) -> str:
+    """Its status as people should read it: a pending request past its time has timed out."""
+    if approval.status == Status.PENDING and approval.expires_at <= timezone.now():
+        return Status.EXPIRED
+    return approval.status
+
+
+# What a workspace's webhook is told, by the request's status.
+WEBHOOK_EVENTS = {
+    Status.PENDING: "approval.requested",
+    Status.APPROVED: "approval.approved",
+    Status.DENIED: "approval.denied",
+    Status.EXPIRED: "approval.expired",
+}
+
+
+def _publish(approval: Approval) -> None:
+    webhook_notify(
+        workspace_id=approval.desktop.workspace_id,
+        event=WEBHOOK_EVENTS[approval.status],
+        payload={"approval": _described(approval)},
+    )
+    publish_approval_change(
+        ApprovalChanged(
+            approval_id=approval.id,
+            desktop_id=approval.desktop_id,
+            workspace_id=approval.desktop.workspace_id,
+            status=approval.status,
+        )
+    )
+
+
+def _described(approval: Approval) -> dict:
+    """The request as a webhook receiver reads it, with where to answer it."""
+    workspace_id = approval.desktop.workspace_id
+    return {
+        "id": approval.id,
+        "workspaceId": workspace_id,
+        "desktopId": approval.desktop_id,
+        "desktopName": approval.desktop.name,
+        "title": approval.title,
+        "details": approval.details,
+        "cwd": approval.cwd,
+        "turn": approval.turn_id or "",
+        "digest": approval.digest,
+        "status": approval.status,
+        "requestedAt": approval.requested_at.isoformat(),
+        "expiresAt": approval.expires_at.isoformat(),
+        "decidedBy": approval.decided_by.email if approval.decided_by else "",
+        "comment": approval.comment,
+        # Mission Control's URLs, even when asked from the guest endpoint (which serves only its own).
+        "answerAt": settings.SITE_URL
+        + reverse("approvals", args=[workspace_id], urlconf=settings.ROOT_URLCONF),
+    }

@@ -1,0 +1,142 @@
+"""The guest endpoint, the one door from a desktop to the control plane, served by its own listener (real
+Daphne running `lebureau.guest_asgi`): each attack tried and failing. It serves nothing but the guest
+URLs, takes nothing but a live desktop's own token, and a desktop acts on itself alone."""
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from desktops import approvals
+from desktops.audit import Actor
+from desktops.crypto import api_token_hash
+from desktops.models import Role
+from tests.conftest import ROOT, api_key_for, guest_server
+from tests.factories import DesktopFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def guest(django_db_setup, driver_dir, tmp_path_factory):
+    with guest_server(driver_dir, tmp_path_factory.getbasetemp()) as url:
+        yield url
+
+
+def desktop_with_token(**fields):
+    token = secrets.token_urlsafe(32)
+    return DesktopFactory(state="running", agent_token_hash=api_token_hash(token), **fields), token
+
+
+def call(guest, path: str, token: str | None = None, method: str = "GET", **kwargs) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.request(method, f"{guest}{path}", headers=headers, timeout=10, **kwargs)
+
+
+def test_a_desktop_is_known_by_its_own_token_and_nothing_else(guest, members, owner_key):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    me = call(guest, "/v1/desktop", token)
+    assert me.status_code == 200, me.text
+    assert me.json()["id"] == desktop.id
+    for wrong in (None, "guess", owner_key, token + "x"):
+        refused = call(guest, "/v1/desktop", wrong)
+        assert refused.status_code in (401, 403), (wrong, refused.text)
+        assert "error" in refused.json()
+
+
+def test_the_guest_listener_serves_no_page_no_api_and_no_admin(guest, members, owner_key):
+    _, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    for path in ("/", "/api/desktops", "/api/schema/", "/admin/", "/accounts/login/", "/events/w/x/"):
+        for credential in (owner_key, token):
+            response = call(guest, path, credential)
+            assert response.status_code == 404, (path, response.status_code, response.text[:200])
+
+
+def test_one_desktops_token_cannot_touch_anothers_requests(guest, members):
+    mine, my_token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    theirs, _ = desktop_with_token()
+    asked = approvals.approval_request(desktop=theirs, title="Déployer en prod")
+    peek = call(guest, f"/v1/approvals/{asked.id}", my_token)
+    assert peek.status_code == 404, peek.text
+    # What a desktop asks is its own, whatever it claims in the body.
+    claim = {"title": "Pour l'autre", "desktop": theirs.id}
+    made = call(guest, "/v1/approvals", my_token, "POST", json=claim)
+    assert made.status_code == 201, made.text
+    assert approvals.Approval.objects.get(id=made.json()["id"]).desktop_id == mine.id
+
+
+def test_a_destroyed_desktops_token_is_void(guest, members):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    assert call(guest, "/v1/desktop", token).status_code == 200
+    desktop.state = "destroyed"
+    desktop.save()
+    assert call(guest, "/v1/desktop", token).status_code == 401
+
+
+def test_a_request_is_checked_before_it_is_kept(guest, members):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    for body in ({"title": ""}, {"title": "x" * 201}, {"title": "ok", "timeout": 0}, {"details": "no title"}):
+        refused = call(guest, "/v1/approvals", token, "POST", json=body)
+        assert refused.status_code == 400, (body, refused.text)
+    assert not desktop.approvals.exists()
+
+
+def test_an_operators_api_key_is_no_desktop_token(guest, members):
+    key = api_key_for(members[Role.OWNER])
+    assert call(guest, "/v1/approvals", key, "POST", json={"title": "x"}).status_code == 401
+
+
+def test_a_runaway_agent_cannot_flood_its_operators(guest, members):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    for i in range(approvals.MAX_PENDING):
+        assert call(guest, "/v1/approvals", token, "POST", json={"title": f"n°{i}"}).status_code == 201
+    refused = call(guest, "/v1/approvals", token, "POST", json={"title": "un de trop"})
+    assert refused.status_code == 409, refused.text
+    assert desktop.approvals.count() == approvals.MAX_PENDING
+
+
+def test_a_body_too_large_is_refused_unread(guest, members):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    huge = {"title": "gros", "details": "x" * 300_000}
+    assert call(guest, "/v1/approvals", token, "POST", json=huge).status_code == 413
+    assert not desktop.approvals.exists()
+
+
+def bureau_approve(guest, tmp_path, desktop, token, *arguments) -> subprocess.Popen:
+    """The desktop's `bureau approve`, run here against the real guest endpoint, with its files."""
+    config = tmp_path / "bureau"
+    config.mkdir(exist_ok=True)
+    for name, value in (("guest_url", guest), ("token", token), ("desktop_id", desktop.id)):
+        (config / name).write_text(value + "\n")
+    helper = ROOT / "image-build" / "guest" / "bureau"
+    env = {**os.environ, "BUREAU_CONFIG_DIR": str(config)}
+    return subprocess.Popen(
+        [sys.executable, str(helper), "approve", *arguments], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def waiting(desktop) -> approvals.Approval:
+    deadline = time.monotonic() + 20
+    while (found := desktop.approvals.filter(status="pending").first()) is None:
+        assert time.monotonic() < deadline, "no request arrived"
+        time.sleep(0.1)
+    return found
+
+
+def test_a_decision_counts_only_for_exactly_what_was_asked(guest, members, tmp_path):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    owner = Actor(user=members[Role.OWNER].user)
+    asking = bureau_approve(guest, tmp_path, desktop, token, "--title", "Payer la facture n°42 — 1 200 €")
+    asked = waiting(desktop)
+    approvals.approval_decide(actor=owner, approval_id=asked.id, approve=True, comment="ok")
+    assert asking.wait(20) == 0 and asking.stdout.read() == "ok\n"
+    # A decision recorded for something else than what this agent asked does not let it go on.
+    asking = bureau_approve(guest, tmp_path, desktop, token, "--title", "Payer la facture n°43")
+    asked = waiting(desktop)
+    approvals.Approval.objects.filter(id=asked.id).update(digest="0" * 64)
+    approvals.approval_decide(actor=owner, approval_id=asked.id, approve=True)
+    assert asking.wait(20) == 1
