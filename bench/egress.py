@@ -3,12 +3,12 @@
     .venv/bin/python bench/egress.py [--changes 20] [--queries 200]
 
 Starts its own daphne and Celery worker (`bench/stack.py`) and the suite's stand-in for the internet
-(`tests/support/internet.py`: nothing leaves this host), makes one desktop through the API, then
-alternates its workspace's policy between deny-all and open with `PUT /api/workspaces/{id}/egress`. A
-probe inside the desktop opens a new TCP connection to a stand-in host every 20 ms and notes, on the
-clock the host shares with it, the first that went the new way: the time from the API call to that
-moment is the figure. Then times DNS answers of the desktop's own resolver, as the desktop sees them.
-Destroys everything it made.
+with its DNS server (`tests/support/internet.py`: nothing leaves this host), makes one desktop through
+the API, then alternates its workspace's policy between deny-all and open with
+`PUT /api/workspaces/{id}/egress`. A probe inside the desktop opens a new TCP connection to a stand-in
+host every 20 ms and notes, on the clock the host shares with it, the first that went the new way: the
+time from the API call to that moment is the figure. Then times DNS answers of the desktop's own
+resolver, as the desktop sees them. Destroys everything it made.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import Figure, record
 from bench.stack import BENCH_LXC, control_plane
 from bench.stats import percentile, summary
-from tests.support.internet import ALLOWED, BLOCKED, UPSTREAM, stand_in_internet
+from tests.support.internet import ALLOWED, BLOCKED, UPSTREAM, stand_in_internet, upstream_dns
 
 # Waits for the first new connection that goes the wanted way ("open": it connects; "closed": it does
 # not), and prints the host's monotonic clock then.
@@ -81,6 +81,7 @@ def main() -> None:
 
     with (
         tempfile.TemporaryDirectory() as tmp,
+        upstream_dns(Path(tmp)),
         stand_in_internet(Path(tmp)),
         control_plane("egress", concurrency=2, env={"LXC_UPSTREAM_DNS": UPSTREAM}) as stack,
     ):

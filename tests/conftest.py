@@ -18,7 +18,7 @@ from lebureau.settings import chat_routes
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
-from tests.support.internet import UPSTREAM, stand_in_internet
+from tests.support.internet import UPSTREAM, stand_in_internet, upstream_dns
 from tests.support.scripted_model import ScriptedModelServer
 from tests.support.services import free_port, patched_environ, port_open, service_process, workers_answering
 from workers.drivers.lxc import network as lxc_net
@@ -72,9 +72,16 @@ def scripted_model(lxc_test_engine):
 
 
 @pytest.fixture
-def internet(tmp_path):
+def internet(tmp_path, upstream):
     """The suite's stand-in for the internet (``tests.support.internet``), for desktops to reach or not."""
     with stand_in_internet(tmp_path):
+        yield
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory):
+    """Where the test desktops' resolvers forward, for the whole session: they make desktops throughout."""
+    with upstream_dns(tmp_path_factory.mktemp("upstream-dns")):
         yield
 
 
@@ -227,7 +234,7 @@ def guest_endpoint(lxc_test_engine, driver_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def lxc_test_engine(django_db_setup, django_db_blocker):
+def lxc_test_engine(django_db_setup, django_db_blocker, upstream):
     """The API tests' LXC engine, cleared of what an interrupted earlier run left behind."""
     from workers.drivers.lxc import LxcConfig, LxcDriver
 

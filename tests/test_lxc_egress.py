@@ -2,6 +2,7 @@
 
 import time
 
+import paramiko
 import pytest
 from django.test import Client
 
@@ -29,9 +30,18 @@ FETCH = (
 
 def fetch(desktop: Desktop, url: str) -> str | None:
     """What the desktop's agent gets from the URL, or None when it cannot reach it."""
-    with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip, username="agent") as ssh:
-        _, out, _ = ssh.exec_command(FETCH.format(url), timeout=30)
-        return out.read().decode().strip() if out.channel.recv_exit_status() == 0 else None
+    # A desktop that has just come up may turn away a first SSH log-in while its sshd settles.
+    attempts = 3
+    while True:
+        try:
+            with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip, username="agent") as ssh:
+                _, out, _ = ssh.exec_command(FETCH.format(url), timeout=30)
+                return out.read().decode().strip() if out.channel.recv_exit_status() == 0 else None
+        except paramiko.SSHException:
+            attempts -= 1
+            if not attempts:
+                raise
+            time.sleep(1)
 
 
 def within(seconds: float, check) -> float:

@@ -58,7 +58,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="session")
-def lxc_driver():
+def lxc_driver(upstream):
     driver = LxcDriver(TEST_CONFIG)
     # Leftovers of an interrupted run would skew what the tests see of the host's network.
     for leftover in driver.list_instances():

@@ -4,8 +4,8 @@ It answers on test addresses (TEST-NET-3) and on addresses no desktop may ever r
 service, private and shared networks): a TCP port that accepts and closes (8080), a web server that
 says which address it was reached on (80), and a DNS server (53 on ``FOREIGN_RESOLVER``) that knows
 ``allowed.test`` and ``blocked.test``, for an agent to try as its own resolver. The desktops' resolvers
-forward to ``UPSTREAM``, a server with the same answers on the host's loopback: when no stand-in runs,
-their queries fail there at once rather than leave the host. Nothing of it leaves this host.
+forward to ``UPSTREAM``, a server with the same answers on the host's loopback (``upstream_dns``), so
+that their queries never leave the host. Nothing of it leaves this host.
 """
 
 from __future__ import annotations
@@ -59,8 +59,29 @@ def _remove() -> None:
     subprocess.run(["ip", "link", "del", LINK], capture_output=True)
 
 
+def _dns_server(pid_file: Path, *where: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A DNS server that knows the stand-in's names and answers "no such domain" for every other."""
+    records = [f"--host-record={name},{address}" for name, address in NAMES.items()]
+    command = ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts"]
+    command += ["--bind-interfaces", "--address=/#/", *records, f"--pid-file={pid_file}", *where]
+    return subprocess.Popen([*prefix, *command])
+
+
+@contextlib.contextmanager
+def upstream_dns(workdir: Path):
+    """``UPSTREAM``, for as long as desktops may look names up: a resolver of theirs forwarding to nothing
+    would keep their agents waiting on every look-up rather than tell them the name does not exist."""
+    server = _dns_server(workdir / "upstream.pid", "--listen-address=127.0.0.1", f"--port={UPSTREAM_PORT}")
+    try:
+        yield
+    finally:
+        server.kill()
+        server.wait()
+
+
 @contextlib.contextmanager
 def stand_in_internet(workdir: Path):
+    """The namespace with its servers and the agent's foreign resolver (``UPSTREAM`` runs on its own)."""
     _remove()  # what an interrupted run left
     _ip("netns", "add", NAMESPACE)
     _ip("link", "add", LINK, "type", "veth", "peer", "name", "eth0", "netns", NAMESPACE)
@@ -73,29 +94,14 @@ def stand_in_internet(workdir: Path):
     _ip("-n", NAMESPACE, "link", "set", "eth0", "up")
     _ip("-n", NAMESPACE, "link", "set", "lo", "up")
     _ip("-n", NAMESPACE, "route", "add", "default", "via", "10.216.0.1")
-    inside = ["ip", "netns", "exec", NAMESPACE]
+    inside = ("ip", "netns", "exec", NAMESPACE)
     servers = subprocess.Popen([*inside, sys.executable, "-c", SERVERS], stdout=subprocess.PIPE, text=True)
-    records = [f"--host-record={name},{address}" for name, address in NAMES.items()]
-    dns = ["dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts"]
-    dns += ["--bind-interfaces", "--address=/#/", *records]
-    resolvers = [
-        subprocess.Popen(
-            [*inside, *dns, f"--listen-address={FOREIGN_RESOLVER}", f"--pid-file={workdir / 'foreign.pid'}"]
-        ),
-        subprocess.Popen(
-            [
-                *dns,
-                "--listen-address=127.0.0.1",
-                f"--port={UPSTREAM_PORT}",
-                f"--pid-file={workdir / 'upstream.pid'}",
-            ]
-        ),
-    ]
+    foreign = _dns_server(workdir / "foreign.pid", f"--listen-address={FOREIGN_RESOLVER}", prefix=inside)
     try:
         assert servers.stdout.readline().strip() == "listening"
         yield
     finally:
-        for process in (servers, *resolvers):
+        for process in (servers, foreign):
             process.kill()
             process.wait()
         _remove()
