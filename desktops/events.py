@@ -86,6 +86,15 @@ class ChatUpdated:
     type: str = "chat.message"
 
 
+@dataclass(frozen=True)
+class WatchersChanged:
+    """Someone opened or closed a desktop's screen or terminal: its viewers show who watches anew."""
+
+    desktop_id: str
+    workspace_id: str
+    type: str = "desktop.watchers"
+
+
 _pending: set[asyncio.Task] = set()
 
 
@@ -111,6 +120,10 @@ def publish_state_change(event: DesktopStateChanged) -> None:
 
 def publish_chat_update(event: ChatUpdated) -> None:
     transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "chat", asdict(event)))
+
+
+def publish_watchers_change(event: WatchersChanged) -> None:
+    transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "watchers", asdict(event)))
 
 
 def publish_access_change(event: AccessChanged) -> None:

@@ -45,6 +45,7 @@ from desktops.errors import DomainError, Forbidden, NotFound
 from desktops.events import workspace_stream
 from desktops.labels import desktops_label
 from desktops.models import DesktopState, Role
+from desktops.relays import desktop_watchers
 from desktops.selectors import role_in
 from missioncontrol import forms
 from missioncontrol.charts import bar_chart
@@ -278,7 +279,16 @@ def desktop(request, desktop_id):
         agent_usage=agent_usage_of_desktop(found),
         schedules=_schedules_of(found),
         schedule_form=forms.ScheduleForm(),
+        watchers=desktop_watchers(desktop=found),
     )
+
+
+@login_required
+def watchers(request, desktop_id):
+    """Who watches the desktop now and who has control: the viewer's presence line, fetched anew
+    whenever someone opens or closes its screen or terminal."""
+    _actor, found = _desktop_of(request, desktop_id)
+    return render(request, "missioncontrol/watchers.html", {"watchers": desktop_watchers(desktop=found)})
 
 
 def _schedules_of(desktop):

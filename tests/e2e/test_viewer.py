@@ -88,3 +88,31 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     )
     expect(page.locator("#screen-status")).to_contain_text("stopped", timeout=30000)
     screenshot(page, "viewer-07-stopped")
+
+
+def test_two_people_watch_and_one_takes_control(page, browser, site, lxc_api, workspace):
+    desktop = provision(lxc_api, "e2e-watched")
+    first = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    second = MembershipFactory(workspace=workspace, role=Role.VIEWER)
+    let_the_network_settle(page)
+    other_context = browser.new_context(viewport={"width": 1280, "height": 800})
+    other = other_context.new_page()
+    try:
+        for who, person in ((page, first), (other, second)):
+            log_in(who, site, person.user.email)
+            who.goto(f"{site}/desktops/{desktop.id}/")
+            expect(who.locator("#screen-status")).to_be_hidden(timeout=30000)
+        # Both opened watching: nobody has control until someone takes it.
+        expect(other.locator("#watchers")).to_contain_text("2 people watching", timeout=10000)
+        expect(other.locator("#watchers")).not_to_contain_text("has control")
+        expect(page.locator("#mode-view")).to_have_attribute("aria-pressed", "true")
+
+        page.click("#mode-control")
+        expect(page.locator("#watchers")).to_contain_text("You have control", timeout=10000)
+        expect(other.locator("#watchers")).to_contain_text(f"{first.user.email} has control", timeout=10000)
+        screenshot(other, "viewer-08-someone-else-has-control")
+
+        page.click("#mode-view")
+        expect(other.locator("#watchers")).not_to_contain_text("has control", timeout=10000)
+    finally:
+        other_context.close()

@@ -249,10 +249,23 @@ function applyChat(event) {
   chatLog.scrollTop = chatLog.scrollHeight;
 }
 
+// Who watches and who has control: fetched anew whenever someone opens or closes a relay here.
+const watchers = document.getElementById("watchers");
+async function loadWatchers() {
+  const response = await fetch(watchers.dataset.url, { credentials: "same-origin" });
+  if (response.ok) watchers.innerHTML = await response.text();
+}
+
 const chatStream = new EventSource(`/events/w/${root.dataset.workspace}/`);
 chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.data)));
-// On every (re)connection, catch up with what was said meanwhile.
-chatStream.addEventListener("open", loadChat);
+chatStream.addEventListener("watchers", (message) => {
+  if (JSON.parse(message.data).desktop_id === desktopId) loadWatchers();
+});
+// On every (re)connection, catch up with what was said and who came meanwhile.
+chatStream.addEventListener("open", () => {
+  loadChat();
+  loadWatchers();
+});
 
 const chatForm = document.getElementById("chat-form");
 if (chatForm) {
