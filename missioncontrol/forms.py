@@ -37,8 +37,15 @@ class NewComputerForm(forms.Form):
     )
 
 
+# Not a state: the desktops the engine failed and those whose agent's last turn failed.
+FAILING = "failing"
+
+
 class DesktopFilterForm(forms.Form):
-    state = forms.ChoiceField(choices=[("", "Any state"), *DesktopState.choices], required=False)
+    state = forms.ChoiceField(
+        choices=[("", _lazy("Any state")), *DesktopState.choices, (FAILING, _lazy("In error or failed"))],
+        required=False,
+    )
     q = forms.CharField(required=False, label="Name")
     label = forms.CharField(required=False, label=_lazy("Label"))
 

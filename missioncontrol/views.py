@@ -165,27 +165,28 @@ def desktops(request):
     filters = forms.DesktopFilterForm(request.GET)
     filters.is_valid()
     label = filters.cleaned_data.get("label", "").strip().lower()
+    state = filters.cleaned_data.get("state")
     rows = selectors.desktop_list(
         actor=request.actor,
         workspace_id=request.workspace.id,
-        state=filters.cleaned_data.get("state"),
+        state=None if state == forms.FAILING else state,
         labels=[label] if label else None,
     )
     if filters.cleaned_data.get("q"):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
-    rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
-    tasks = selectors.current_tasks(desktop_ids=[d.id for d in rows])
-    costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
+    rows = selectors.desktops_with_outcome(rows.order_by("name"))
+    if state == forms.FAILING:
+        rows = rows.filter(selectors.FAILING)
+    rows = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
+    spent, costs = costs_month_to_date(workspace=request.workspace)
     for desktop in rows:
-        desktop.task = tasks.get(desktop.id, "")
         desktop.cost = costs.get(desktop.id, 0)
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
-    template = (
-        "missioncontrol/desktop_rows.html" if request.GET.get("rows") else "missioncontrol/desktops.html"
-    )
     return page(
         request,
-        template,
+        "missioncontrol/desktops.html",
+        summary=selectors.fleet_summary(workspace=request.workspace),
+        spent=spent,
         desktops=rows,
         filters=filters,
         query=query_without_page(request),

@@ -11,14 +11,22 @@ function setText(row, field, text) {
 }
 
 async function reloadRows() {
-  // A desktop this page has not seen (made elsewhere): fetch the rows again, keeping the filters.
-  const url = new URL(location.href);
-  url.searchParams.set("rows", "1");
-  const response = await fetch(url, { credentials: "same-origin" });
-  if (response.ok) {
-    rows.innerHTML = await response.text();
-    bindSelection();
-  }
+  // Rows and summary as the server has them now (a new desktop, an agent's outcome), filters kept.
+  const response = await fetch(location.href, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+  const checked = new Set([...rows.querySelectorAll('input[name="desktops"]:checked')].map((b) => b.value));
+  rows.replaceChildren(...fresh.getElementById("desktop-rows").children);
+  rows.querySelectorAll('input[name="desktops"]').forEach((b) => (b.checked = checked.has(b.value)));
+  document.getElementById("fleet-summary").replaceWith(fresh.getElementById("fleet-summary"));
+  bindSelection();
+}
+
+// Many events can come at once (a bulk start, a streaming answer): one reload for a burst of them.
+let reloadTimer = null;
+function reloadSoon() {
+  clearTimeout(reloadTimer);
+  reloadTimer = setTimeout(reloadRows, 500);
 }
 
 function apply(event) {
@@ -34,6 +42,7 @@ function apply(event) {
   row.classList.remove("flash");
   void row.offsetWidth; // restart the highlight
   row.classList.add("flash");
+  reloadSoon(); // the summary's counts
 }
 
 function connect() {
@@ -43,6 +52,11 @@ function connect() {
     live.classList.remove("down");
   });
   stream.addEventListener("desktop", (message) => apply(JSON.parse(message.data)));
+  // An agent's turn started or ended: its row's outcome changes (not each streamed piece).
+  stream.addEventListener("chat", (message) => {
+    const event = JSON.parse(message.data);
+    if (event.status !== "running" || event.at === 0) reloadSoon();
+  });
   stream.addEventListener("error", () => {
     // EventSource reconnects by itself and resumes from the last event it saw.
     live.textContent = "reconnecting…";
