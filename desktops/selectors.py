@@ -213,7 +213,7 @@ def audit_list(
 
 
 def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:
-    return desktop.messages.order_by("created_at").prefetch_related("chunks")
+    return desktop.messages.order_by("created_at").select_related("desktop").prefetch_related("chunks")
 
 
 def chat_message_get(*, desktop: Desktop, message_id: str) -> ChatMessage:

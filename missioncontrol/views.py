@@ -39,6 +39,7 @@ from billing.selectors import (
     tier_list,
 )
 from desktops import schedules, selectors, services
+from desktops.agent_failures import failure_of
 from desktops.audit import Actor
 from desktops.engines import desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
@@ -181,6 +182,7 @@ def desktops(request):
     spent, costs = costs_month_to_date(workspace=request.workspace)
     for desktop in rows:
         desktop.cost = costs.get(desktop.id, 0)
+        desktop.failure = failure_of(desktop.outcome_detail) if desktop.outcome == "error" else None
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     return page(
         request,

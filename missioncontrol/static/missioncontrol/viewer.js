@@ -195,7 +195,31 @@ function render(entry, status) {
   const waiting = status === "queued" || status === "running";
   entry.item.classList.toggle("pending", waiting);
   entry.item.classList.toggle("error", status === "error");
-  entry.item.textContent = entry.content || (waiting ? "The agent is working…" : "");
+  if (entry.failure) return renderFailure(entry);
+  entry.item.textContent = entry.content || (waiting ? chatLog.dataset.workingLabel : "");
+}
+
+// A failed turn: what happened in words, the fix one click away, the runtime's own words folded.
+function renderFailure(entry) {
+  const { message, fixUrl } = entry.failure;
+  const words = document.createElement("p");
+  words.className = "failure";
+  words.textContent = message;
+  const parts = [words];
+  if (fixUrl) {
+    const fix = document.createElement("a");
+    fix.href = fixUrl;
+    fix.className = "button";
+    fix.textContent = chatLog.dataset.fixLabel;
+    parts.push(fix);
+  }
+  const detail = document.createElement("details");
+  const summary = document.createElement("summary");
+  summary.textContent = chatLog.dataset.detailLabel;
+  const raw = document.createElement("pre");
+  raw.textContent = entry.content;
+  detail.append(summary, raw);
+  entry.item.replaceChildren(...parts, detail);
 }
 
 async function loadChat() {
@@ -208,7 +232,7 @@ async function loadChat() {
     shown.clear();
     chatLog.replaceChildren(
       ...page.results.map((m) => {
-        const entry = { item: document.createElement("li"), content: m.content };
+        const entry = { item: document.createElement("li"), content: m.content, failure: m.failure };
         entry.item.className = m.author;
         entry.item.dataset.message = m.id;
         render(entry, m.status);
@@ -236,7 +260,9 @@ function applyChat(event) {
   const entry = shown.get(event.message_id);
   const finished = event.status === "done" || event.status === "error";
   if (!entry) return loadChat(); // a message this page has not seen yet
-  if (finished) {
+  if (event.status === "error") {
+    return loadChat(); // why it failed, in words, comes with the stored message
+  } else if (finished) {
     entry.content = event.text;
   } else if (event.at + event.text.length <= entry.content.length) {
     return; // already in what was fetched
