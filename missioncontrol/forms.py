@@ -8,7 +8,15 @@ from billing.selectors import price_of
 from desktops.models import ApiScope, DesktopState, LLMProvider, Role
 from desktops.selectors import plan_list
 
-ACTIONS = [("start", "Start"), ("stop", "Stop"), ("destroy", "Destroy")]
+LIFECYCLE_ACTIONS = [
+    ("start", _lazy("Start")),
+    ("stop", _lazy("Stop")),
+    ("suspend", _lazy("Suspend")),
+    ("resume", _lazy("Resume")),
+    ("destroy", _lazy("Destroy")),
+]
+# What the fleet's list does to many desktops at once.
+ACTIONS = [(action, label) for action, label in LIFECYCLE_ACTIONS if action in ("start", "stop", "destroy")]
 # Filing the selected desktops under a label, or taking them out of it.
 LABEL_ACTIONS = [("label", _lazy("Add label")), ("unlabel", _lazy("Remove label"))]
 

@@ -45,6 +45,7 @@ from desktops.engines import desktop_resource_usage
 from desktops.errors import DomainError, Forbidden, NotFound
 from desktops.events import workspace_stream
 from desktops.labels import desktops_label
+from desktops.lifecycle import TRANSITIONS
 from desktops.models import DesktopState, Role
 from desktops.relays import desktop_watchers
 from desktops.selectors import role_in
@@ -275,6 +276,10 @@ def desktop(request, desktop_id):
         request,
         "missioncontrol/desktop.html",
         desktop=found,
+        # Each action with the states it may start from: the page shows those that apply now.
+        lifecycle=[
+            (action, label, sorted(TRANSITIONS[action].sources)) for action, label in forms.LIFECYCLE_ACTIONS
+        ],
         can_control=request.role.rank >= Role(found.workspace.control_role).rank,
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
         usage=desktop_resource_usage(found),

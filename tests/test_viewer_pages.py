@@ -62,3 +62,18 @@ def test_the_viewer_speaks_the_browsers_language(client, members, running):
     assert "Prendre le contrôle" in french and "Regarder" in french and "Coller" in french
     english = client.get(f"/desktops/{running.id}/", HTTP_ACCEPT_LANGUAGE="en-US").content.decode()
     assert "Take control" in english
+
+
+def test_the_lifecycle_in_the_viewer_is_for_members_and_follows_the_state(client, members, workspace, plan):
+    stopped = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED)
+    client.force_login(members[Role.MEMBER].user)
+    page = client.get(f"/desktops/{stopped.id}/").content.decode()
+    assert 'data-action="start" data-when="error stopped">' in page
+    assert 'data-action="stop" data-when="running" hidden>' in page
+    assert 'id="not-running" role="status">' in page  # shown: sending, control and paste wait
+    client.force_login(members[Role.VIEWER].user)
+    page = client.get(f"/desktops/{stopped.id}/").content.decode()
+    assert 'id="lifecycle"' not in page and "data-action=" not in page
+    # And the API the buttons call refuses a viewer anyway.
+    client.force_login(members[Role.VIEWER].user)
+    assert client.post(f"/api/desktops/{stopped.id}/start").status_code == 403

@@ -4,16 +4,17 @@ The desktop is a real LXC desktop made through the API by the Celery worker; the
 only to the control plane's daphne, which relays to the desktop's VNC server and sshd.
 """
 
+import re
 import time
 
 import pytest
 from playwright.sync_api import expect
 
-from desktops.models import Role
+from desktops.models import Desktop, Role
 from tests.conftest import LXC_IMAGE
 from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
 from tests.factories import MembershipFactory
-from tests.support.desktops import provision, run
+from tests.support.desktops import provision, run, wait_for_state
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -116,3 +117,51 @@ def test_two_people_watch_and_one_takes_control(page, browser, site, lxc_api, wo
         expect(other.locator("#watchers")).not_to_contain_text("has control", timeout=10000)
     finally:
         other_context.close()
+
+
+def test_the_desktops_lifecycle_from_its_viewer(page, site, lxc_api, workspace):
+    desktop = provision(lxc_api, "e2e-lifecycle")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    let_the_network_settle(page)
+    log_in(page, site, member.user.email)
+    page.goto(f"{site}/desktops/{desktop.id}/")
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
+    lifecycle, badge = page.locator("#lifecycle"), page.locator("#state")
+    blocked = ["#chat-form button", "#mode-control", "#clipboard-form button"]
+    expect(lifecycle.locator("[data-action=start]")).to_be_hidden()
+    expect(lifecycle.locator("[data-action=resume]")).to_be_hidden()
+
+    lifecycle.locator("[data-action=suspend]").click()
+    expect(badge).to_have_text("suspended", timeout=30000)
+    # Sending, taking control and pasting wait for the desktop to run again, and say so.
+    expect(page.locator("#not-running")).to_be_visible()
+    for control in blocked:
+        expect(page.locator(control)).to_be_disabled()
+        expect(page.locator(control)).to_have_attribute("title", re.compile("not running"))
+    expect(lifecycle.locator("[data-action=suspend]")).to_be_hidden()
+    screenshot(page, "viewer-09-suspended")
+
+    lifecycle.locator("[data-action=resume]").click()
+    expect(badge).to_have_text("running", timeout=30000)
+    expect(page.locator("#not-running")).to_be_hidden()
+    for control in blocked:
+        expect(page.locator(control)).to_be_enabled()
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)  # the screen comes back by itself
+
+    lifecycle.locator("[data-action=stop]").click()
+    expect(badge).to_have_text("stopped", timeout=30000)
+    expect(page.locator("#chat-form button")).to_be_disabled()
+    lifecycle.locator("[data-action=start]").click()
+    expect(badge).to_have_text("running", timeout=30000)
+
+    # Destroying asks for the desktop's name: a wrong one destroys nothing.
+    answers = iter(["e2e-wrong", "e2e-lifecycle"])
+    page.on(
+        "dialog", lambda dialog: dialog.accept(next(answers)) if dialog.type == "prompt" else dialog.accept()
+    )
+    lifecycle.locator("[data-action=destroy]").click()
+    page.wait_for_timeout(500)
+    assert Desktop.objects.get(id=desktop.id).state == "running"
+    lifecycle.locator("[data-action=destroy]").click()
+    page.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
+    wait_for_state(desktop.id, "destroyed", timeout=60)

@@ -42,10 +42,56 @@ async function api(path, options = {}) {
 
 async function desktopState() {
   const desktop = await api("");
-  stateBadge.textContent = desktop.state;
-  stateBadge.className = `badge ${desktop.state}`;
+  applyState(desktop.state);
   return desktop.state;
 }
+
+// What the page offers follows the desktop's state: the lifecycle actions that apply, and sending,
+// taking control and pasting only while it runs (disabled with the reason otherwise).
+const notRunning = document.getElementById("not-running");
+const lifecycle = document.getElementById("lifecycle");
+const controlButton = document.getElementById("mode-control");
+const controlTitle = controlButton.title;
+const needRunning = () => [
+  controlButton,
+  ...document.querySelectorAll("#clipboard-form button, #clipboard-form input, #chat-form button, #chat-form textarea"),
+];
+
+function applyState(state) {
+  stateBadge.textContent = state;
+  stateBadge.className = `badge ${state}`;
+  const running = state === "running";
+  notRunning.hidden = running;
+  for (const el of needRunning()) {
+    el.disabled = !running || (el === controlButton && !canControl);
+    if (el.tagName === "BUTTON") el.title = running ? (el === controlButton ? controlTitle : "") : notRunning.textContent;
+  }
+  lifecycle?.querySelectorAll("[data-action]").forEach((button) => {
+    button.hidden = !button.dataset.when.split(" ").includes(state);
+    button.disabled = false;
+  });
+}
+applyState(stateBadge.textContent.trim());
+
+lifecycle?.addEventListener("click", async (event) => {
+  const button = event.target.closest("[data-action]");
+  if (!button) return;
+  const action = button.dataset.action;
+  if (action === "destroy") {
+    const typed = prompt(lifecycle.dataset.destroyPrompt);
+    if (typed === null) return;
+    if (typed.trim() !== root.dataset.name) return alert(lifecycle.dataset.destroyMismatch);
+  }
+  button.disabled = true;
+  try {
+    await api(action === "destroy" ? "" : `/${action}`, { method: action === "destroy" ? "DELETE" : "POST" });
+  } catch (error) {
+    button.disabled = false;
+    return alert(error.message);
+  }
+  if (action === "destroy") location.assign(lifecycle.dataset.listUrl);
+  else connect(); // follows the desktop through its transition
+});
 
 // The screen
 
@@ -284,6 +330,13 @@ async function loadWatchers() {
 
 const chatStream = new EventSource(`/events/w/${root.dataset.workspace}/`);
 chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.data)));
+chatStream.addEventListener("desktop", (message) => {
+  const event = JSON.parse(message.data);
+  if (event.desktop_id !== desktopId) return;
+  const was = stateBadge.textContent;
+  applyState(event.state);
+  if (event.state === "running" && was !== "running") connect(); // back: no need to wait for the next look
+});
 chatStream.addEventListener("watchers", (message) => {
   if (JSON.parse(message.data).desktop_id === desktopId) loadWatchers();
 });
