@@ -41,7 +41,10 @@ class NewComputerForm(forms.Form):
     name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and hyphens; its hostname.")
     plan = PlanChoice(queryset=plan_list(), empty_label=None)
     image_profile = forms.ChoiceField(
-        choices=[("full", "Full (XFCE, Chromium, LibreOffice, agent runtime)"), ("minimal", "Minimal (fast)")]
+        choices=[
+            ("full", _lazy("Full (XFCE, Chromium, LibreOffice, agent runtime)")),
+            ("minimal", _lazy("Minimal (fast, no agent: screen and terminal only)")),
+        ]
     )
 
 

@@ -192,6 +192,7 @@ def desktops(request):
         spent=spent,
         desktops=rows,
         filters=filters,
+        filtered=any(filters.cleaned_data.values()),
         query=query_without_page(request),
         new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
         spend_alert=_latest_alert(request.workspace),

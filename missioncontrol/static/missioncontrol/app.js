@@ -3,3 +3,9 @@
 document.querySelectorAll("[data-autosubmit]").forEach((field) =>
   field.addEventListener("change", () => field.form.submit()),
 );
+// A <form data-confirm="…"> that loses something is sent only once its question is answered yes.
+document.querySelectorAll("form[data-confirm]").forEach((form) =>
+  form.addEventListener("submit", (event) => {
+    if (!confirm(form.dataset.confirm)) event.preventDefault();
+  }),
+);

@@ -90,8 +90,10 @@ const fleet = document.getElementById("fleet");
 fleet.addEventListener("submit", (event) => {
   const button = event.submitter;
   if (!button || !("confirmCount" in button.dataset)) return;
-  const n = rows.querySelectorAll('input[name="desktops"]:checked').length;
-  const typed = prompt(`Destroy ${n} desktop(s) and wipe their disks? Type ${n} to confirm.`);
+  const chosen = [...rows.querySelectorAll('input[name="desktops"]:checked')];
+  const n = chosen.length;
+  const names = chosen.map((box) => box.dataset.name).join(", ");
+  const typed = prompt(button.dataset.confirmCount.replace("{names}", names).replace("{count}", n));
   if (typed === null) return event.preventDefault();
   document.getElementById("confirm").value = typed.trim();
 });

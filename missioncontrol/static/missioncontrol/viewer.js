@@ -348,6 +348,12 @@ chatStream.addEventListener("open", () => {
 
 const chatForm = document.getElementById("chat-form");
 if (chatForm) {
+  // Enter sends, Shift+Enter starts a new line (and Enter while composing an accent is the IME's).
+  document.getElementById("chat-text").addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    event.preventDefault();
+    chatForm.requestSubmit();
+  });
   chatForm.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = document.getElementById("chat-text");
