@@ -21,6 +21,17 @@ ACTIONS = [(action, label) for action, label in LIFECYCLE_ACTIONS if action in (
 LABEL_ACTIONS = [("label", _lazy("Add label")), ("unlabel", _lazy("Remove label"))]
 
 
+class PageForm(forms.Form):
+    """A form of the pages: ids of its own (several forms share a page) and every field named for
+    assistive technologies, also where a page shows a bare field without its <label>."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("auto_id", f"{type(self).__name__.lower()}-%s")
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            field.widget.attrs.setdefault("aria-label", field.label or name.replace("_", " ").capitalize())
+
+
 class PlanChoice(forms.ModelChoiceField):
     def label_from_instance(self, plan):
         price = price_of(plan)
@@ -37,7 +48,7 @@ class PlanChoice(forms.ModelChoiceField):
         }
 
 
-class NewComputerForm(forms.Form):
+class NewComputerForm(PageForm):
     name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and hyphens; its hostname.")
     plan = PlanChoice(queryset=plan_list(), empty_label=None)
     image_profile = forms.ChoiceField(
@@ -52,7 +63,7 @@ class NewComputerForm(forms.Form):
 FAILING = "failing"
 
 
-class DesktopFilterForm(forms.Form):
+class DesktopFilterForm(PageForm):
     state = forms.ChoiceField(
         choices=[("", _lazy("Any state")), *DesktopState.choices, (FAILING, _lazy("In error or failed"))],
         required=False,
@@ -61,7 +72,7 @@ class DesktopFilterForm(forms.Form):
     label = forms.CharField(required=False, label=_lazy("Label"))
 
 
-class FleetActionForm(forms.Form):
+class FleetActionForm(PageForm):
     action = forms.ChoiceField(choices=ACTIONS + LABEL_ACTIONS)
     label = forms.CharField(required=False, max_length=63)
     desktops = forms.MultipleChoiceField(
@@ -86,24 +97,24 @@ class FleetActionForm(forms.Form):
         return data
 
 
-class RenameForm(forms.Form):
+class RenameForm(PageForm):
     name = forms.CharField(max_length=100)
 
 
-class AgentCommandForm(forms.Form):
+class AgentCommandForm(PageForm):
     command = forms.CharField(max_length=500, required=False)
 
 
-class InviteForm(forms.Form):
+class InviteForm(PageForm):
     email = forms.EmailField()
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
 
 
-class RoleForm(forms.Form):
+class RoleForm(PageForm):
     role = forms.ChoiceField(choices=Role.choices)
 
 
-class ApiKeyForm(forms.Form):
+class ApiKeyForm(PageForm):
     name = forms.CharField(max_length=100)
     scope = forms.ChoiceField(choices=ApiScope.choices, initial=ApiScope.WRITE)
     expires_at = forms.DateTimeField(
@@ -111,7 +122,7 @@ class ApiKeyForm(forms.Form):
     )
 
 
-class LLMKeyForm(forms.Form):
+class LLMKeyForm(PageForm):
     provider = forms.ChoiceField(choices=LLMProvider.choices)
     name = forms.CharField(max_length=100)
     base_url = forms.URLField(
@@ -125,7 +136,7 @@ class LLMKeyForm(forms.Form):
     secret = forms.CharField(widget=forms.PasswordInput, label="Key")
 
 
-class ModelPriceForm(forms.Form):
+class ModelPriceForm(PageForm):
     model = forms.CharField(max_length=200, label=_lazy("Model"))
     input_per_million = forms.DecimalField(
         min_value=0, max_digits=10, decimal_places=4, label=_lazy("€ per million input tokens")
@@ -135,11 +146,11 @@ class ModelPriceForm(forms.Form):
     )
 
 
-class RotateForm(forms.Form):
+class RotateForm(PageForm):
     secret = forms.CharField(widget=forms.PasswordInput, label="New key")
 
 
-class AuditFilterForm(forms.Form):
+class AuditFilterForm(PageForm):
     actor = forms.CharField(required=False)
     action = forms.CharField(required=False)
     target = forms.CharField(required=False, label="Desktop or object id")
@@ -147,7 +158,7 @@ class AuditFilterForm(forms.Form):
     until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
 
 
-class ScheduleForm(forms.Form):
+class ScheduleForm(PageForm):
     cron = forms.CharField(
         max_length=100,
         label=_lazy("When (cron)"),

@@ -163,7 +163,7 @@ def switch(request):
 
 
 @workspace_page()
-def desktops(request):
+def desktops(request, new_form=None):
     filters = forms.DesktopFilterForm(request.GET)
     filters.is_valid()
     label = filters.cleaned_data.get("label", "").strip().lower()
@@ -194,7 +194,7 @@ def desktops(request):
         filters=filters,
         filtered=any(filters.cleaned_data.values()),
         query=query_without_page(request),
-        new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
+        new_form=new_form or forms.NewComputerForm(initial={"image_profile": "full"}),
         spend_alert=_latest_alert(request.workspace),
         labels=selectors.label_list(workspace=request.workspace),
     )
@@ -204,23 +204,23 @@ def desktops(request):
 @workspace_page(Role.MEMBER)
 def desktop_new(request):
     form = forms.NewComputerForm(request.POST)
-    if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
-        return redirect("desktops", request.workspace.id)
-    data = form.cleaned_data
-    attempt(
+    created = form.is_valid() and attempt(
         request,
         lambda: services.desktop_create(
             actor=request.actor,
             workspace=request.workspace,
-            plan=data["plan"],
-            name=data["name"],
-            image_profile=data["image_profile"],
+            plan=form.cleaned_data["plan"],
+            name=form.cleaned_data["name"],
+            image_profile=form.cleaned_data["image_profile"],
         ),
-        f"{data['name']} is being provisioned.",
+        _("%(name)s is being provisioned.") % {"name": form.cleaned_data["name"]},
     )
-    return redirect("desktops", request.workspace.id)
+    if created:
+        return redirect("desktops", request.workspace.id)
+    # The form again as it was sent, its errors beside its fields: nothing typed is lost.
+    response = desktops(request, workspace_id=request.workspace.id, new_form=form)
+    response.status_code = 400
+    return response
 
 
 @require_POST

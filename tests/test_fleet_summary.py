@@ -86,3 +86,15 @@ def test_an_outsider_sees_nothing_of_the_fleet(client, members, workspace, plan)
     client.force_login(members["outsider"].user)
     response = client.get(f"/w/{workspace.id}/desktops/")
     assert response.status_code == 404 and "Secret plans" not in response.content.decode()
+
+
+def test_new_computer_keeps_what_was_typed_when_it_is_refused(client, members, workspace, plan):
+    DesktopFactory(workspace=workspace, name="taken")
+    client.force_login(members[Role.MEMBER].user)
+    url = f"/w/{workspace.id}/desktops/new/"
+    for name, why in (("Bad Name", "lowercase"), ("taken", "taken"), ("x" * 70, "at most 63")):
+        response = client.post(url, {"name": name, "plan": plan.id, "image_profile": "minimal"})
+        page = response.content.decode()
+        assert response.status_code == 400 and why in page
+        assert f'value="{name}"' in page and '<details class="card" id="new-computer" open>' in page
+    assert not workspace.desktops.exclude(name="taken").exists()

@@ -1,0 +1,55 @@
+"""The pages' markup holds up for everyone: ids are unique, and every field a person fills in is named
+(by a <label>, or aria-label where a page shows it bare)."""
+
+from collections import Counter
+from html.parser import HTMLParser
+
+import pytest
+
+from desktops.models import Role
+from tests.factories import DesktopFactory, api_key_for
+
+
+class Fields(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.labelled_for, self.unnamed, self.open_labels = Counter(), set(), [], 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids[attrs["id"]] += 1
+        if tag == "label":
+            self.open_labels += 1
+            self.labelled_for.add(attrs.get("for"))
+        if tag in ("input", "select", "textarea") and attrs.get("type") not in ("hidden", "submit"):
+            named = self.open_labels or attrs.get("aria-label") or attrs.get("aria-labelledby")
+            if not named:
+                self.unnamed.append(attrs)
+
+    def handle_endtag(self, tag):
+        if tag == "label":
+            self.open_labels -= 1
+
+
+@pytest.mark.parametrize("page", ["desktops", "settings", "viewer", "costs", "audit"])
+def test_ids_are_unique_and_every_field_is_named(client, members, workspace, plan, page):
+    owner = members[Role.OWNER]
+    desktop = DesktopFactory(workspace=workspace)
+    api_key_for(owner)
+    client.force_login(owner.user)
+    url = f"/desktops/{desktop.id}/" if page == "viewer" else f"/w/{workspace.id}/{page}/"
+    html = Fields()
+    html.feed(client.get(url).content.decode())
+    assert [i for i, n in html.ids.items() if n > 1] == []
+    unnamed = [f for f in html.unnamed if f.get("id") not in html.labelled_for]
+    assert unnamed == []
+
+
+def test_nobody_changes_or_removes_their_own_membership_by_a_slip(client, members, workspace):
+    owner = members[Role.OWNER]
+    client.force_login(owner.user)
+    page = client.get(f"/w/{workspace.id}/settings/").content.decode()
+    assert f"/members/{owner.id}/role/" not in page and f"/members/{owner.id}/remove/" not in page
+    admin = members[Role.ADMIN]
+    assert f"/members/{admin.id}/role/" in page and f"/members/{admin.id}/remove/" in page
