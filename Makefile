@@ -23,10 +23,12 @@ check:
 lint:
 	.venv/bin/pre-commit run --all-files
 
+MESSAGES_IGNORE = $(foreach d,.venv sdk node_modules staticfiles image-build tests bench examples \
+    missioncontrol/static/vendor,--ignore '$(d)/*')
 # Gather the strings to translate into locale/*/LC_MESSAGES/django.po (with the `_lazy` ones).
 messages:
-	.venv/bin/python manage.py makemessages -l fr --no-obsolete \
-	    $(foreach d,.venv sdk node_modules staticfiles image-build tests bench examples missioncontrol/static/vendor,--ignore '$(d)/*')
+	.venv/bin/python manage.py makemessages -l fr --no-obsolete $(MESSAGES_IGNORE)
+	.venv/bin/python manage.py makemessages -l fr --no-obsolete -d djangojs $(MESSAGES_IGNORE)
 	.venv/bin/python manage.py compilemessages --ignore .venv -v 0
 
 # Renew the lock file after changing the dependencies in pyproject.toml.

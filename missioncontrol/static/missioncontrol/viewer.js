@@ -1,4 +1,5 @@
 // The desktop viewer: live screen (noVNC), terminal (xterm.js), view / control toggle.
+// Its words come from Django's JavaScript catalogue (gettext, interpolate), loaded before it.
 // Each relay opens with its own single-use ticket, minted by the API for this browser session and
 // sent as a WebSocket subprotocol (never in the URL).
 import RFB from "../vendor/novnc/core/rfb.js";
@@ -114,7 +115,7 @@ function connectScreen(session) {
   screen.addEventListener("disconnect", () => {
     if (rfb !== screen) return; // replaced on purpose (mode switch, reconnect)
     rfb = null;
-    scheduleReconnect("The screen connection was lost.");
+    scheduleReconnect(gettext("The screen connection was lost."));
   });
 }
 
@@ -156,7 +157,7 @@ function connectTerminal(session) {
   socket.onclose = (event) => {
     if (terminalSocket !== socket) return;
     terminalSocket = null;
-    show(terminalStatus, event.reason || "The terminal connection was lost.");
+    show(terminalStatus, event.reason || gettext("The terminal connection was lost."));
     if (event.code !== 4403 && event.code !== 4401) scheduleReconnect(event.reason);
   };
 }
@@ -181,17 +182,23 @@ async function connect() {
   try {
     state = await desktopState();
   } catch (error) {
-    return scheduleReconnect(`Mission Control is not reachable (${error.message}).`);
+    return scheduleReconnect(
+      interpolate(gettext("Mission Control is not reachable (%(why)s)."), { why: error.message }, true),
+    );
   }
   if (state !== "running") {
-    const message = `The desktop is ${state}. The screen and terminal come back when it runs again.`;
+    const message = interpolate(
+      gettext("The desktop is %(state)s. The screen and terminal come back when it runs again."),
+      { state },
+      true,
+    );
     show(screenStatus, message);
     show(terminalStatus, message);
     retryTimer = setTimeout(connect, 5000);
     return;
   }
-  show(screenStatus, "Connecting to the screen…");
-  show(terminalStatus, "Connecting to the terminal…");
+  show(screenStatus, gettext("Connecting to the screen…"));
+  show(terminalStatus, gettext("Connecting to the terminal…"));
   try {
     const session = await api("/sessions", { method: "POST", body: JSON.stringify({ mode }) });
     connectScreen(session);
@@ -204,7 +211,8 @@ async function connect() {
 
 function scheduleReconnect(reason) {
   clearTimeout(retryTimer);
-  show(screenStatus, `${reason || "Disconnected."} Reconnecting in ${Math.round(retryDelay / 1000)} s…`);
+  const again = interpolate(gettext("Reconnecting in %(seconds)s s…"), { seconds: Math.round(retryDelay / 1000) }, true);
+  show(screenStatus, `${reason || gettext("Disconnected.")} ${again}`);
   retryTimer = setTimeout(connect, retryDelay);
   retryDelay = Math.min(retryDelay * 2, 15000);
 }
@@ -242,7 +250,7 @@ function render(entry, status) {
   entry.item.classList.toggle("pending", waiting);
   entry.item.classList.toggle("error", status === "error");
   if (entry.failure) return renderFailure(entry);
-  entry.item.textContent = entry.content || (waiting ? chatLog.dataset.workingLabel : "");
+  entry.item.textContent = entry.content || (waiting ? gettext("The agent is working…") : "");
 }
 
 // A failed turn: what happened in words, the fix one click away, the runtime's own words folded.
@@ -256,12 +264,12 @@ function renderFailure(entry) {
     const fix = document.createElement("a");
     fix.href = fixUrl;
     fix.className = "button";
-    fix.textContent = chatLog.dataset.fixLabel;
+    fix.textContent = gettext("Open Settings");
     parts.push(fix);
   }
   const detail = document.createElement("details");
   const summary = document.createElement("summary");
-  summary.textContent = chatLog.dataset.detailLabel;
+  summary.textContent = gettext("What the agent runtime said");
   const raw = document.createElement("pre");
   raw.textContent = entry.content;
   detail.append(summary, raw);
@@ -286,13 +294,18 @@ async function loadChat() {
         return entry.item;
       }),
     );
-    if (!page.results.length) chatLog.innerHTML = '<li class="muted">No message yet.</li>';
+    if (!page.results.length) {
+      const empty = document.createElement("li");
+      empty.className = "muted";
+      empty.textContent = gettext("No message yet.");
+      chatLog.replaceChildren(empty);
+    }
     chatLog.scrollTop = chatLog.scrollHeight;
   } catch (error) {
     if (load !== loads) return;
     const item = document.createElement("li");
     item.className = "error";
-    item.textContent = `The conversation could not be loaded (${error.message}).`;
+    item.textContent = interpolate(gettext("The conversation could not be loaded (%(why)s)."), { why: error.message }, true);
     chatLog.replaceChildren(item);
   }
   const events = held;
