@@ -98,3 +98,25 @@ def test_the_pages_fit_the_window(page, site, workspace, plan, width, height):
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         screenshot(page, f"pages-{name}-{width}")
         assert overflow <= 0, f"{name} is {overflow} px wider than a {width} px window"
+
+
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
+def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, width, height):
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="bureau-fr")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    context = browser.new_context(locale="fr-FR", viewport={"width": width, "height": height})
+    page = context.new_page()
+    try:
+        log_in(page, site, member.user.email)
+        expect(page.locator("h1")).to_have_text("Bureaux")
+        expect(page.locator("#fleet-summary")).to_contain_text("ce mois-ci jusqu'à présent")
+        expect(page.locator("#live")).to_have_text("en direct", timeout=10000)
+        screenshot(page, f"fr-desktops-{width}")
+        page.goto(f"{site}/desktops/{desktop.id}/")
+        expect(page.locator("#not-running")).to_contain_text("Le bureau n'est pas en marche")
+        expect(page.locator("[data-action=start]")).to_have_text("Démarrer")
+        expect(page.locator("#chat-log")).to_contain_text("Aucun message pour l'instant.")
+        expect(page.locator("#screen-status")).to_contain_text("reviennent quand il tourne de nouveau")
+        screenshot(page, f"fr-viewer-{width}")
+    finally:
+        context.close()

@@ -1,4 +1,5 @@
 // The desktops list, live: one server-sent event stream for the workspace updates each row.
+// Its words come from Django's JavaScript catalogue (gettext, ngettext, interpolate), loaded before it.
 const table = document.getElementById("desktops-table");
 const workspace = table.dataset.workspace;
 const live = document.getElementById("live");
@@ -38,7 +39,7 @@ function apply(event) {
   setText(row, "progress", TRANSIENT.has(event.state) && event.progress ? `${event.progress}…` : "");
   setText(row, "last_error", event.state === "error" ? event.last_error : "");
   setText(row, "private_ip", event.private_ip || "—");
-  setText(row, "uptime", event.state === "running" ? "just now" : "—");
+  setText(row, "uptime", event.state === "running" ? gettext("just now") : "—");
   row.classList.remove("flash");
   void row.offsetWidth; // restart the highlight
   row.classList.add("flash");
@@ -48,7 +49,7 @@ function apply(event) {
 function connect() {
   const stream = new EventSource(`/events/w/${workspace}/`);
   stream.addEventListener("open", () => {
-    live.textContent = "live";
+    live.textContent = gettext("live");
     live.classList.remove("down");
   });
   stream.addEventListener("desktop", (message) => apply(JSON.parse(message.data)));
@@ -59,7 +60,7 @@ function connect() {
   });
   stream.addEventListener("error", () => {
     // EventSource reconnects by itself and resumes from the last event it saw.
-    live.textContent = "reconnecting…";
+    live.textContent = gettext("reconnecting…");
     live.classList.add("down");
   });
 }
@@ -71,7 +72,7 @@ function bindSelection() {
   const count = document.getElementById("selected-count");
   const update = () => {
     const n = boxes.filter((b) => b.checked).length;
-    if (count) count.textContent = `${n} selected`;
+    if (count) count.textContent = interpolate(ngettext("%(n)s selected", "%(n)s selected", n), { n }, true);
     document.querySelectorAll("[data-needs-selection]").forEach((b) => (b.disabled = n === 0));
   };
   boxes.forEach((b) => b.addEventListener("change", update));
