@@ -116,8 +116,10 @@ def attempt(request, call, success: str = "") -> bool:
     return True
 
 
-@login_required
 def home(request):
+    """Signed out: what Le Bureau is, and the way in. Signed in: one's desktops."""
+    if not request.user.is_authenticated:
+        return render(request, "missioncontrol/landing.html")
     # Invitations waiting for an answer come first: accepting or declining is one click.
     if selectors.invitations_for(user=request.user).exists():
         return redirect("invitations")

@@ -53,3 +53,11 @@ def test_nobody_changes_or_removes_their_own_membership_by_a_slip(client, member
     assert f"/members/{owner.id}/role/" not in page and f"/members/{owner.id}/remove/" not in page
     admin = members[Role.ADMIN]
     assert f"/members/{admin.id}/role/" in page and f"/members/{admin.id}/remove/" in page
+
+
+def test_a_signed_out_visitor_lands_on_what_it_is_and_the_way_in(client, db):
+    page = client.get("/").content.decode()
+    assert "Real desktops for your AI agents" in page and "free during the beta" in page
+    assert 'href="/accounts/signup/"' in page and 'href="/pricing/"' in page
+    french = client.get("/", HTTP_ACCEPT_LANGUAGE="fr").content.decode()
+    assert "Inscrivez-vous" in french

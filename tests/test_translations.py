@@ -16,6 +16,7 @@ FULLY_FRENCH = (
     "templates/missioncontrol/desktops.html",
     "templates/missioncontrol/fleet_summary.html",
     "templates/missioncontrol/watchers.html",
+    "templates/missioncontrol/landing.html",
     "desktops/agent_failures.py",
     "missioncontrol/static/missioncontrol/",
 )

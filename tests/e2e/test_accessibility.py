@@ -37,7 +37,7 @@ def test_no_page_has_a_serious_accessibility_violation(browser, site, workspace,
     desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="a11y-desk")
     api_key_for(owner)
     found = {}
-    for path in ("/accounts/login/", "/accounts/signup/", "/pricing/"):
+    for path in ("/", "/accounts/login/", "/accounts/signup/", "/pricing/"):
         page.goto(f"{site}{path}")
         found[path] = violations(page)
     log_in(page, site, owner.user.email)
