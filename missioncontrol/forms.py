@@ -132,6 +132,7 @@ class LLMKeyForm(PageForm):
         max_length=200,
         required=False,
         help_text="Blank: the provider's own. Required for OpenAI-compatible.",
+        widget=forms.TextInput(attrs={"placeholder": "Model (blank: provider's default)"}),
     )
     secret = forms.CharField(widget=forms.PasswordInput, label="Key")
 

@@ -387,7 +387,8 @@ def workspace_events(request, workspace_id):
 
 
 @workspace_page()
-def settings_page(request):
+def settings_page(request, **bound):
+    """The workspace's settings; `bound` holds a form sent back with its errors, as it was filled in."""
     workspace = request.workspace
     can_manage = request.role.rank >= Role.ADMIN.rank
     usage_total, usage_desktops = agent_usage_of_workspace(workspace)
@@ -400,30 +401,46 @@ def settings_page(request):
         invitations=selectors.invitations_pending(workspace=workspace) if can_manage else [],
         api_keys=selectors.api_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
         llm_keys=selectors.llm_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
-        rename_form=forms.RenameForm(initial={"name": workspace.name}),
-        invite_form=forms.InviteForm(),
-        api_key_form=forms.ApiKeyForm(),
-        llm_key_form=forms.LLMKeyForm(),
         model_prices=model_price_list(workspace=workspace),
-        model_price_form=forms.ModelPriceForm(),
+        **{
+            "rename_form": forms.RenameForm(initial={"name": workspace.name}),
+            "invite_form": forms.InviteForm(),
+            "api_key_form": forms.ApiKeyForm(),
+            "llm_key_form": forms.LLMKeyForm(),
+            "model_price_form": forms.ModelPriceForm(),
+            **bound,
+        },
         agent_model=agent_model(workspace),
         roles=Role.choices,
         new_token=request.session.pop("new_token", None),
     )
 
 
-def _settings_post(form_class, apply, success):
-    """A settings form: validate, call the service, come back to the settings page."""
+def _settings_post(form_class, apply, success, shown_as=""):
+    """A settings form: validate, call the service, come back to the settings page. Refused, a form
+    the page shows (`shown_as`, its name there) comes back as it was filled in, with why."""
 
     @require_POST
     @workspace_page(Role.VIEWER)
     def view(request, **kwargs):
         form = form_class(request.POST)
         if form.is_valid():
-            attempt(request, lambda: apply(request, form.cleaned_data, **kwargs), success)
-        else:
-            for field, errors in form.errors.items():
-                messages.error(request, f"{field}: {' '.join(errors)}")
+            try:
+                apply(request, form.cleaned_data, **kwargs)
+            except DomainError as exc:
+                form.add_error(None, exc.message)
+            else:
+                if success:
+                    messages.success(request, success)
+                return redirect("settings", request.workspace.id)
+        if shown_as:
+            response = settings_page(request, workspace_id=request.workspace.id, **{shown_as: form})
+            response.status_code = 400
+            return response
+        for field, errors in form.errors.items():
+            messages.error(
+                request, f"{field}: {' '.join(errors)}" if field != "__all__" else " ".join(errors)
+            )
         return redirect("settings", request.workspace.id)
 
     return view
@@ -438,6 +455,7 @@ workspace_rename = _settings_post(
     forms.RenameForm,
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
     "Workspace renamed.",
+    shown_as="rename_form",
 )
 agent_command_set = _settings_post(
     forms.AgentCommandForm,
@@ -450,6 +468,7 @@ member_invite = _settings_post(
     forms.InviteForm,
     lambda r, d: services.member_invite(actor=r.actor, workspace_id=r.workspace.id, **d),
     _("Invitation sent: they join once they accept it from that address."),
+    shown_as="invite_form",
 )
 member_role = _settings_post(
     forms.RoleForm,
@@ -459,17 +478,19 @@ member_role = _settings_post(
     "Role changed.",
 )
 api_key_new = _settings_post(
-    forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once."
+    forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once.", shown_as="api_key_form"
 )
 llm_key_new = _settings_post(
     forms.LLMKeyForm,
     lambda r, d: services.llm_key_save(actor=r.actor, workspace_id=r.workspace.id, **d),
     "LLM key added.",
+    shown_as="llm_key_form",
 )
 model_price_set = _settings_post(
     forms.ModelPriceForm,
     lambda r, d: billing.model_price_set(actor=r.actor, workspace_id=r.workspace.id, **d),
     _lazy("Model price saved."),
+    shown_as="model_price_form",
 )
 llm_key_rotate = _settings_post(
     forms.RotateForm,

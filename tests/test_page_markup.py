@@ -61,3 +61,23 @@ def test_a_signed_out_visitor_lands_on_what_it_is_and_the_way_in(client, db):
     assert 'href="/accounts/signup/"' in page and 'href="/pricing/"' in page
     french = client.get("/", HTTP_ACCEPT_LANGUAGE="fr").content.decode()
     assert "Inscrivez-vous" in french
+
+
+def test_a_refused_settings_form_comes_back_as_it_was_filled_in(client, members, workspace):
+    client.force_login(members[Role.ADMIN].user)
+    response = client.post(
+        f"/w/{workspace.id}/llm-keys/new/",
+        {
+            "provider": "openai_compatible",
+            "name": "my-model",
+            "secret": "sk-long-enough-1234",
+            "model": "m-7",
+        },
+    )
+    page = response.content.decode()
+    assert response.status_code == 400 and "needs its baseUrl" in page
+    assert 'value="my-model"' in page and 'value="m-7"' in page
+    assert "sk-long-enough-1234" not in page  # a secret is never sent back
+    assert not workspace.llm_keys.exists()
+    invalid = client.post(f"/w/{workspace.id}/members/invite/", {"email": "not-an-address", "role": "member"})
+    assert invalid.status_code == 400 and 'value="not-an-address"' in invalid.content.decode()
