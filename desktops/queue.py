@@ -13,6 +13,7 @@ from django.db import transaction
 DESKTOP_STEP = "workers.tasks.desktop_{action}"
 CHAT_DELIVER = "workers.tasks.chat_deliver"
 WORKSPACE_AGENT_CONFIGURE = "workers.tasks.workspace_agent_configure"
+LLM_KEY_CHECK = "workers.tasks.llm_key_check"
 SCHEDULE_FIRE = "workers.tasks.schedule_fire"
 
 

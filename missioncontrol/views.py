@@ -483,7 +483,7 @@ api_key_new = _settings_post(
 llm_key_new = _settings_post(
     forms.LLMKeyForm,
     lambda r, d: services.llm_key_save(actor=r.actor, workspace_id=r.workspace.id, **d),
-    "LLM key added.",
+    _lazy("LLM key added. Its provider is being asked whether it takes it: see its answer below."),
     shown_as="llm_key_form",
 )
 model_price_set = _settings_post(

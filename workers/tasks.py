@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 from billing import services as billing
 from desktops import agent_config, chat, engines, lifecycle, schedules, selectors
 from desktops.engines import TransientDriverError
-from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
+from desktops.queue import CHAT_DELIVER, DESKTOP_STEP, LLM_KEY_CHECK, SCHEDULE_FIRE, WORKSPACE_AGENT_CONFIGURE
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
@@ -137,6 +137,12 @@ def workspace_agent_configure(*, workspace_id: str) -> None:
     """A workspace's keys changed: rewrite the configuration of each of its running desktops."""
     for desktop_id in selectors.desktop_ids_running(workspace_id=workspace_id):
         agent_configure.delay(desktop_id=desktop_id)
+
+
+@shared_task(name=LLM_KEY_CHECK, acks_late=True)
+def llm_key_check(*, key_id: str) -> None:
+    """A key was added or rotated: ask its provider whether it takes it, from one of the desktops."""
+    agent_config.llm_key_check(key_id=key_id)
 
 
 # Chat tasks are acknowledged on receipt (acks_late=False, overriding the global default): a turn may

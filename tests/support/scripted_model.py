@@ -63,8 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         headers = {name.lower(): value for name, value in self.headers.items()}
+        self.model.requests.append({"path": self.path, "headers": headers, "body": None})
         if self.model.refuses(headers):
-            self.model.requests.append({"path": self.path, "headers": headers, "body": None})
             return self._refuse()
         if self.path.rstrip("/").endswith("/models"):
             return self._json({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
