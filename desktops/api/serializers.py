@@ -374,7 +374,13 @@ class LLMKeySerializer(serializers.ModelSerializer):
             "last4",
             "created_at",
             "updated_at",
+            "verdict",
+            "check_detail",
+            "checked_at",
         ]
+        extra_kwargs = {
+            "verdict": {"help_text": "The provider's answer to the key, asked from a running desktop"}
+        }
 
 
 class LLMKeyWriteSerializer(serializers.Serializer):

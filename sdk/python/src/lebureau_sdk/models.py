@@ -222,6 +222,11 @@ class LLMKey:
     last4: str
     created_at: datetime
     updated_at: datetime
+    # What the provider answered when asked from a running desktop: "" (not yet), accepted, refused,
+    # unreachable, answered (another status, in check_detail).
+    verdict: str
+    check_detail: str
+    checked_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
