@@ -203,13 +203,20 @@ def audit_list(
         events = events.filter(actor__icontains=actor)
     if action:
         events = events.filter(action__startswith=action)
-    if target:
-        events = events.filter(target=target)
+    if target:  # an id, or the name of one of the workspace's desktops
+        named = Desktop.objects.filter(workspace_id=workspace.id, name=target.strip()).values("id")
+        events = events.filter(Q(target=target.strip()) | Q(target__in=named))
     if since:
         events = events.filter(at__gte=since)
     if until:
         events = events.filter(at__lt=until)
     return events
+
+
+def audit_target_names(*, workspace: Workspace, targets: list[str]) -> dict[str, str]:
+    """The names of the workspace's desktops among these targets, by id, for people to read."""
+    desktops = Desktop.objects.filter(workspace_id=workspace.id, id__in=set(targets))
+    return dict(desktops.values_list("id", "name"))
 
 
 def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:

@@ -585,11 +585,15 @@ def audit(request):
         response = StreamingHttpResponse(lines(), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="audit-{request.workspace.id}.csv"'
         return response
+    shown = Paginator(events, 100).get_page(request.GET.get("page"))
+    names = selectors.audit_target_names(workspace=request.workspace, targets=[e.target for e in shown])
+    for event in shown:
+        event.target_name = names.get(event.target, "")
     return page(
         request,
         "missioncontrol/audit.html",
         filters=filters,
-        events=Paginator(events, 100).get_page(request.GET.get("page")),
+        events=shown,
         query=query_without_page(request),
     )
 

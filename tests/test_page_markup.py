@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from desktops.models import Role
+from desktops.models import AuditEvent, Role
 from tests.factories import DesktopFactory, api_key_for
 
 
@@ -81,3 +81,20 @@ def test_a_refused_settings_form_comes_back_as_it_was_filled_in(client, members,
     assert not workspace.llm_keys.exists()
     invalid = client.post(f"/w/{workspace.id}/members/invite/", {"email": "not-an-address", "role": "member"})
     assert invalid.status_code == 400 and 'value="not-an-address"' in invalid.content.decode()
+
+
+def test_the_audit_log_names_desktops_and_finds_them_by_name(client, members, workspace):
+    desktop = DesktopFactory(workspace=workspace, name="compta-agent")
+    elsewhere = DesktopFactory(name="compta-agent")  # same name, another workspace: never mixed in
+    for target in (desktop.id, elsewhere.id):
+        AuditEvent.objects.create(
+            actor="user:a@example.com", action="desktop.stop", workspace_id=workspace.id, target=target
+        )
+    AuditEvent.objects.create(
+        actor="user:b@example.com", action="desktop.start", workspace_id=workspace.id, target="dsk_x"
+    )
+    client.force_login(members[Role.ADMIN].user)
+    page = client.get(f"/w/{workspace.id}/audit/?target=compta-agent").content.decode()
+    assert f'<span title="{desktop.id}">compta-agent</span>' in page  # the name, its id on hover
+    assert "desktop.start" not in page and page.count("desktop.stop") == 1
+    assert f"<code>{elsewhere.id}</code>" not in page
