@@ -120,3 +120,21 @@ def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, widt
         screenshot(page, f"fr-viewer-{width}")
     finally:
         context.close()
+
+
+def test_a_new_api_key_is_copied_in_one_click(browser, site, workspace, plan):
+    admin = MembershipFactory(workspace=workspace, role=Role.ADMIN)
+    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    try:
+        log_in(page, site, admin.user.email)
+        page.goto(f"{site}/w/{workspace.id}/settings/")
+        form = page.locator(f"form[action='/w/{workspace.id}/keys/new/']")
+        form.locator("input[name=name]").fill("ci")
+        form.locator("button").click()
+        token = page.locator("#new-token").inner_text().strip()
+        page.click("[data-copy=new-token]")
+        expect(page.locator("[data-copy=new-token]")).to_have_text("Copied")
+        assert page.evaluate("navigator.clipboard.readText()") == token and token.startswith("lb_")
+    finally:
+        context.close()
