@@ -42,7 +42,7 @@ from desktops import schedules, selectors, services
 from desktops.agent_failures import failure_of
 from desktops.audit import Actor
 from desktops.engines import desktop_resource_usage
-from desktops.errors import DomainError, Forbidden, NotFound
+from desktops.errors import DomainError, Forbidden, Invalid, NotFound
 from desktops.events import workspace_stream
 from desktops.labels import desktops_label
 from desktops.lifecycle import TRANSITIONS
@@ -427,8 +427,11 @@ def _settings_post(form_class, apply, success, shown_as=""):
         if form.is_valid():
             try:
                 apply(request, form.cleaned_data, **kwargs)
-            except DomainError as exc:
+            except Invalid as exc:  # about what was typed: said with the form
                 form.add_error(None, exc.message)
+            except DomainError as exc:  # about who or when (a role, a state): said on the page
+                messages.error(request, exc.message)
+                return redirect("settings", request.workspace.id)
             else:
                 if success:
                     messages.success(request, success)
