@@ -1,4 +1,4 @@
-.PHONY: setup dev run test lint check lock bench
+.PHONY: setup dev run test lint check lock bench messages
 
 # Install everything, migrate, then run web + worker + beat in the foreground.
 dev: setup run
@@ -22,6 +22,14 @@ check:
 
 lint:
 	.venv/bin/pre-commit run --all-files
+
+MESSAGES_IGNORE = $(foreach d,.venv sdk node_modules staticfiles image-build tests bench examples \
+    missioncontrol/static/vendor,--ignore '$(d)/*')
+# Gather the strings to translate into locale/*/LC_MESSAGES/django.po (with the `_lazy` ones).
+messages:
+	.venv/bin/python manage.py makemessages -l fr --no-obsolete $(MESSAGES_IGNORE)
+	.venv/bin/python manage.py makemessages -l fr --no-obsolete -d djangojs $(MESSAGES_IGNORE)
+	.venv/bin/python manage.py compilemessages --ignore .venv -v 0
 
 # Renew the lock file after changing the dependencies in pyproject.toml.
 lock:

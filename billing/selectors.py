@@ -174,16 +174,13 @@ def month_costs(*, workspace: Workspace, month: date) -> MonthCosts:
 
 def spend_this_month(workspace: Workspace) -> Decimal:
     """What the workspace's fleet has spent this month so far, models included."""
-    month = this_month()
-    measured, _ = _measure(workspace.desktops.all(), workspace, month, timezone.now())
-    return Meter.sum(d.meter for d in measured).total
+    return costs_month_to_date(workspace=workspace)[0]
 
 
-def costs_month_to_date(*, workspace: Workspace, desktop_ids: list[str]) -> dict[str, Decimal]:
-    """Each of these desktops' spend this month so far, for the fleet list."""
-    month = this_month()
-    measured, _ = _measure(workspace.desktops.filter(id__in=desktop_ids), workspace, month, timezone.now())
-    return {d.desktop.id: d.meter.total for d in measured}
+def costs_month_to_date(*, workspace: Workspace) -> tuple[Decimal, dict[str, Decimal]]:
+    """The fleet's spend this month so far, in all and per desktop (for the fleet's list)."""
+    measured, _ = _measure(workspace.desktops.all(), workspace, this_month(), timezone.now())
+    return Meter.sum(d.meter for d in measured).total, {d.desktop.id: d.meter.total for d in measured}
 
 
 def _billable(tier: Tier, platform: Decimal) -> Decimal:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shlex
 import uuid
 
+import paramiko
 from django.db import transaction
+from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from desktops import crypto
@@ -90,6 +93,72 @@ def desktop_agent_configure(*, desktop_id: str) -> bool:
         content = json.dumps(openclaw_config(desktop_id=desktop.id, keys=keys), indent=2).encode()
         _write_config(desktop, content)
     return True
+
+
+# Asked from inside a desktop, so that the answer is what its agent will get: through its network,
+# its firewall and its egress policy (and never from the control plane's own network). The request
+# comes on stdin, the secret with it, never on a command line.
+CHECK_SCRIPT = """
+import json, sys, urllib.error, urllib.request
+asked = json.load(sys.stdin)
+try:
+    request = urllib.request.Request(asked["url"], headers=asked["headers"])
+    with urllib.request.urlopen(request, timeout=8) as answer:
+        print("status", answer.status)
+except urllib.error.HTTPError as exc:
+    print("status", exc.code)
+except Exception as exc:
+    print("error", type(exc).__name__, str(exc)[:200])
+"""
+CHECK_TIMEOUT = 15
+
+
+def _check_request(key: LLMKey) -> tuple[str, dict]:
+    """The cheapest authenticated request of each dialect: listing the models (or OpenRouter's key)."""
+    base_url, api, _model = PROVIDERS[key.provider]
+    base_url, secret = (key.base_url or base_url).rstrip("/"), crypto.secret_decrypt(key.secret_encrypted)
+    if api == "anthropic-messages":
+        return f"{base_url}/v1/models", {"x-api-key": secret, "anthropic-version": "2023-06-01"}
+    path = "key" if key.provider == LLMProvider.OPENROUTER else "models"  # OpenRouter lists models to all
+    return f"{base_url}/{path}", {"Authorization": f"Bearer {secret}"}
+
+
+def llm_key_check(*, key_id: str) -> str | None:
+    """Ask the key's provider, from one of its workspace's running desktops, whether it takes the key;
+    the verdict is kept on the key. None when no desktop runs to ask from (it stays unchecked)."""
+    key = LLMKey.objects.filter(id=key_id).first()
+    desktop = (
+        Desktop.objects.filter(workspace_id=key.workspace_id, state=DesktopState.RUNNING).first()
+        if key
+        else None
+    )
+    if desktop is None:
+        return None
+    url, headers = _check_request(key)
+    try:
+        with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
+            stdin, out, _err = ssh.exec_command(
+                f"python3 -c {shlex.quote(CHECK_SCRIPT)}", timeout=CHECK_TIMEOUT
+            )
+            stdin.write(json.dumps({"url": url, "headers": headers}))
+            stdin.channel.shutdown_write()
+            answer = out.read().decode(errors="replace").strip()
+    except (paramiko.SSHException, OSError):
+        return None  # the desktop is not answering: the key stays unchecked until its next save
+
+    kind, _, detail = answer.partition(" ")
+    Verdict = LLMKey.Verdict
+    if kind == "status":
+        verdict = {"200": Verdict.ACCEPTED, "401": Verdict.REFUSED, "403": Verdict.REFUSED}.get(
+            detail, Verdict.ANSWERED
+        )
+    else:
+        verdict = Verdict.UNREACHABLE
+    # Only if the secret is still the one asked about: a rotation meanwhile gets its own check.
+    LLMKey.objects.filter(id=key.id, secret_encrypted=key.secret_encrypted).update(
+        verdict=verdict, check_detail=(detail or answer)[:300], checked_at=timezone.now()
+    )
+    return verdict
 
 
 def _write_config(desktop: Desktop, content: bytes) -> None:

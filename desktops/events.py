@@ -97,6 +97,15 @@ class ApprovalChanged:
     type: str = "approval.changed"
 
 
+@dataclass(frozen=True)
+class WatchersChanged:
+    """Someone opened or closed a desktop's screen or terminal: its viewers show who watches anew."""
+
+    desktop_id: str
+    workspace_id: str
+    type: str = "desktop.watchers"
+
+
 _pending: set[asyncio.Task] = set()
 
 
@@ -126,6 +135,10 @@ def publish_chat_update(event: ChatUpdated) -> None:
 
 def publish_approval_change(event: ApprovalChanged) -> None:
     transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "approval", asdict(event)))
+
+
+def publish_watchers_change(event: WatchersChanged) -> None:
+    transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "watchers", asdict(event)))
 
 
 def publish_access_change(event: AccessChanged) -> None:

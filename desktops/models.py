@@ -248,6 +248,18 @@ class LLMKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Verdict(models.TextChoices):
+        UNCHECKED = "", "not checked yet"
+        ACCEPTED = "accepted"
+        REFUSED = "refused"
+        UNREACHABLE = "unreachable"
+        ANSWERED = "answered", "answered otherwise"
+
+    # What the provider said of this secret when last asked from one of the workspace's desktops.
+    verdict = models.CharField(max_length=12, choices=Verdict.choices, blank=True)
+    check_detail = models.CharField(max_length=300, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+
     class Meta:
         ordering = ["-created_at"]
         constraints = [

@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from desktops.audit import Actor, audit_record
+from desktops.events import WatchersChanged, publish_watchers_change
 from desktops.models import ApiKey, Desktop, DesktopState, RelayTicket, Role
 from desktops.selectors import desktop_get, role_in, workspace_for_control
 
@@ -119,6 +120,7 @@ def relay_ticket_claim(
             4401, _("This relay ticket was used already or has expired; open the desktop again.")
         )
     grant = RelayGrant(found.id, found.user_id, desktop_id, found.mode, found.api_key_id)
+    _watchers_changed(desktop_id)
     try:
         host = relay_grant_recheck(grant)
         if _open_relays(grant) > settings.RELAY_MAX_PER_USER:
@@ -160,11 +162,39 @@ def relay_seen(grant: RelayGrant) -> None:
 
 
 def relay_closed(grant: RelayGrant) -> None:
-    RelayTicket.objects.filter(id=grant.ticket_id, closed_at__isnull=True).update(closed_at=timezone.now())
+    open_relay = RelayTicket.objects.filter(id=grant.ticket_id, closed_at__isnull=True)
+    if open_relay.update(closed_at=timezone.now()):
+        _watchers_changed(grant.desktop_id)
 
 
 def _open_relays(grant: RelayGrant) -> int:
+    return _alive_relays().filter(user_id=grant.user_id).count()
+
+
+def _alive_relays():
+    """The relays open now: claimed, not closed, and heard from lately (a dead process's stop counting)."""
     alive = timezone.now() - timedelta(seconds=3 * HEARTBEAT_SECONDS)
-    return RelayTicket.objects.filter(
-        user_id=grant.user_id, opened_at__isnull=False, closed_at__isnull=True, seen_at__gt=alive
-    ).count()
+    return RelayTicket.objects.filter(opened_at__isnull=False, closed_at__isnull=True, seen_at__gt=alive)
+
+
+@dataclass(frozen=True)
+class Watcher:
+    user_id: int
+    email: str
+    controls: bool
+
+
+def desktop_watchers(*, desktop: Desktop) -> list[Watcher]:
+    """Who has the desktop's screen or terminal open now, and which of them have control."""
+    watchers: dict[int, Watcher] = {}
+    rows = _alive_relays().filter(desktop=desktop).values_list("user_id", "user__email", "mode")
+    for user_id, email, mode in rows.order_by("user__email"):
+        controls = mode == Mode.CONTROL or (user_id in watchers and watchers[user_id].controls)
+        watchers[user_id] = Watcher(user_id, email, controls)
+    return list(watchers.values())
+
+
+def _watchers_changed(desktop_id: str) -> None:
+    workspace_id = Desktop.objects.filter(id=desktop_id).values_list("workspace_id", flat=True).first()
+    if workspace_id:
+        publish_watchers_change(WatchersChanged(desktop_id=desktop_id, workspace_id=workspace_id))

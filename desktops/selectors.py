@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.db.models import Count, F, QuerySet
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Substr
 from django.utils.translation import gettext as _
 
 from desktops.audit import Actor
@@ -201,8 +203,9 @@ def audit_list(
         events = events.filter(actor__icontains=actor)
     if action:
         events = events.filter(action__startswith=action)
-    if target:
-        events = events.filter(target=target)
+    if target:  # an id, or the name of one of the workspace's desktops
+        named = Desktop.objects.filter(workspace_id=workspace.id, name=target.strip()).values("id")
+        events = events.filter(Q(target=target.strip()) | Q(target__in=named))
     if since:
         events = events.filter(at__gte=since)
     if until:
@@ -210,8 +213,14 @@ def audit_list(
     return events
 
 
+def audit_target_names(*, workspace: Workspace, targets: list[str]) -> dict[str, str]:
+    """The names of the workspace's desktops among these targets, by id, for people to read."""
+    desktops = Desktop.objects.filter(workspace_id=workspace.id, id__in=set(targets))
+    return dict(desktops.values_list("id", "name"))
+
+
 def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:
-    return desktop.messages.order_by("created_at").prefetch_related("chunks")
+    return desktop.messages.order_by("created_at").select_related("desktop").prefetch_related("chunks")
 
 
 def chat_message_get(*, desktop: Desktop, message_id: str) -> ChatMessage:
@@ -227,14 +236,49 @@ def chat_content(message: ChatMessage) -> str:
     return message.content + "".join(chunk.text for chunk in message.chunks.all())
 
 
-def current_tasks(*, desktop_ids: list[str]) -> dict[str, str]:
-    """The message each desktop's agent is working on now, by desktop."""
-    pending = ChatMessage.objects.filter(
-        desktop_id__in=desktop_ids,
-        author=ChatMessage.Author.AGENT,
-        status__in=[ChatMessage.Status.QUEUED, ChatMessage.Status.RUNNING],
-    ).select_related("reply_to")
-    return {reply.desktop_id: reply.reply_to.content for reply in pending.order_by("created_at")}
+WORKING = [ChatMessage.Status.QUEUED, ChatMessage.Status.RUNNING]
+# Of desktops with their outcome: the engine failed them, or their agent's last turn failed.
+FAILING = Q(state=DesktopState.ERROR) | Q(outcome=ChatMessage.Status.ERROR)
+
+
+def desktops_with_outcome(desktops: QuerySet[Desktop]) -> QuerySet[Desktop]:
+    """The desktops, each with its agent's last turn in the same query: `outcome` (its status, None
+    before any), `outcome_task` (what it was asked), `outcome_detail` (the answer or why it failed),
+    `outcome_at` (when it ended)."""
+    last = ChatMessage.objects.filter(desktop_id=OuterRef("pk"), author=ChatMessage.Author.AGENT)
+    last = last.order_by("-created_at")
+    return desktops.annotate(
+        outcome=Subquery(last.values("status")[:1]),
+        outcome_task=Subquery(last.values(task=Substr("reply_to__content", 1, 300))[:1]),
+        outcome_detail=Subquery(last.values(detail=Substr("content", 1, 300))[:1]),
+        outcome_at=Subquery(last.values("completed_at")[:1]),
+    )
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    desktops: int
+    running: int
+    stopped: int
+    suspended: int
+    in_error: int
+    working: int
+
+
+def fleet_summary(*, workspace: Workspace) -> FleetSummary:
+    """How the workspace's fleet is doing, in one query: in error counts a desktop the engine failed
+    and one whose agent's last turn failed."""
+    live = desktops_with_outcome(workspace.desktops.exclude(state=DesktopState.DESTROYED))
+    return FleetSummary(
+        **live.aggregate(
+            desktops=Count("id"),
+            running=Count("id", filter=Q(state=DesktopState.RUNNING)),
+            stopped=Count("id", filter=Q(state=DesktopState.STOPPED)),
+            suspended=Count("id", filter=Q(state=DesktopState.SUSPENDED)),
+            in_error=Count("id", filter=FAILING),
+            working=Count("id", filter=Q(outcome__in=WORKING)),
+        )
+    )
 
 
 def desktop_ids_running(*, workspace_id: str) -> list[str]:

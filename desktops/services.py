@@ -38,7 +38,7 @@ from desktops.models import (
     Role,
     Workspace,
 )
-from desktops.queue import CHAT_DELIVER, WORKSPACE_AGENT_CONFIGURE, enqueue, enqueue_step
+from desktops.queue import CHAT_DELIVER, LLM_KEY_CHECK, WORKSPACE_AGENT_CONFIGURE, enqueue, enqueue_step
 from desktops.selectors import invitations_for, role_in, workspace_for_control, workspace_get
 
 
@@ -461,10 +461,12 @@ def llm_key_save(
     rotating = key.pk is not None and not key._state.adding
     key.provider, key.name, key.base_url, key.model = provider, name, base_url, model
     key.secret_encrypted, key.last4 = crypto.secret_encrypt(secret), secret[-4:]
+    key.verdict, key.check_detail, key.checked_at = LLMKey.Verdict.UNCHECKED, "", None
     _validated(key, validate_constraints=True).save()
     action = "llm_key.rotate" if rotating else "llm_key.create"
     audit_record(actor=actor, action=action, workspace_id=workspace.id, target=key.id, provider=provider)
     _push_agent_config(workspace.id)
+    enqueue(LLM_KEY_CHECK, key_id=key.id)
     return key
 
 

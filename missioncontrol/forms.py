@@ -8,9 +8,28 @@ from billing.selectors import price_of
 from desktops.models import ApiScope, DesktopState, EgressMode, LLMProvider, Role
 from desktops.selectors import plan_list
 
-ACTIONS = [("start", "Start"), ("stop", "Stop"), ("destroy", "Destroy")]
+LIFECYCLE_ACTIONS = [
+    ("start", _lazy("Start")),
+    ("stop", _lazy("Stop")),
+    ("suspend", _lazy("Suspend")),
+    ("resume", _lazy("Resume")),
+    ("destroy", _lazy("Destroy")),
+]
+# What the fleet's list does to many desktops at once.
+ACTIONS = [(action, label) for action, label in LIFECYCLE_ACTIONS if action in ("start", "stop", "destroy")]
 # Filing the selected desktops under a label, or taking them out of it.
 LABEL_ACTIONS = [("label", _lazy("Add label")), ("unlabel", _lazy("Remove label"))]
+
+
+class PageForm(forms.Form):
+    """A form of the pages: ids of its own (several forms share a page) and every field named for
+    assistive technologies, also where a page shows a bare field without its <label>."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("auto_id", f"{type(self).__name__.lower()}-%s")
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            field.widget.attrs.setdefault("aria-label", field.label or name.replace("_", " ").capitalize())
 
 
 class PlanChoice(forms.ModelChoiceField):
@@ -29,21 +48,31 @@ class PlanChoice(forms.ModelChoiceField):
         }
 
 
-class NewComputerForm(forms.Form):
+class NewComputerForm(PageForm):
     name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and hyphens; its hostname.")
     plan = PlanChoice(queryset=plan_list(), empty_label=None)
     image_profile = forms.ChoiceField(
-        choices=[("full", "Full (XFCE, Chromium, LibreOffice, agent runtime)"), ("minimal", "Minimal (fast)")]
+        choices=[
+            ("full", _lazy("Full (XFCE, Chromium, LibreOffice, agent runtime)")),
+            ("minimal", _lazy("Minimal (fast, no agent: screen and terminal only)")),
+        ]
     )
 
 
-class DesktopFilterForm(forms.Form):
-    state = forms.ChoiceField(choices=[("", "Any state"), *DesktopState.choices], required=False)
+# Not a state: the desktops the engine failed and those whose agent's last turn failed.
+FAILING = "failing"
+
+
+class DesktopFilterForm(PageForm):
+    state = forms.ChoiceField(
+        choices=[("", _lazy("Any state")), *DesktopState.choices, (FAILING, _lazy("In error or failed"))],
+        required=False,
+    )
     q = forms.CharField(required=False, label="Name")
     label = forms.CharField(required=False, label=_lazy("Label"))
 
 
-class FleetActionForm(forms.Form):
+class FleetActionForm(PageForm):
     action = forms.ChoiceField(choices=ACTIONS + LABEL_ACTIONS)
     label = forms.CharField(required=False, max_length=63)
     desktops = forms.MultipleChoiceField(
@@ -68,11 +97,11 @@ class FleetActionForm(forms.Form):
         return data
 
 
-class RenameForm(forms.Form):
+class RenameForm(PageForm):
     name = forms.CharField(max_length=100)
 
 
-class AgentCommandForm(forms.Form):
+class AgentCommandForm(PageForm):
     command = forms.CharField(max_length=500, required=False)
 
 
@@ -122,16 +151,16 @@ class ApprovalPolicyForm(forms.Form):
     rotate_secret = forms.BooleanField(required=False, label=_lazy("New signing secret"))
 
 
-class InviteForm(forms.Form):
+class InviteForm(PageForm):
     email = forms.EmailField()
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
 
 
-class RoleForm(forms.Form):
+class RoleForm(PageForm):
     role = forms.ChoiceField(choices=Role.choices)
 
 
-class ApiKeyForm(forms.Form):
+class ApiKeyForm(PageForm):
     name = forms.CharField(max_length=100)
     scope = forms.ChoiceField(choices=ApiScope.choices, initial=ApiScope.WRITE)
     expires_at = forms.DateTimeField(
@@ -139,7 +168,7 @@ class ApiKeyForm(forms.Form):
     )
 
 
-class LLMKeyForm(forms.Form):
+class LLMKeyForm(PageForm):
     provider = forms.ChoiceField(choices=LLMProvider.choices)
     name = forms.CharField(max_length=100)
     base_url = forms.URLField(
@@ -149,11 +178,12 @@ class LLMKeyForm(forms.Form):
         max_length=200,
         required=False,
         help_text="Blank: the provider's own. Required for OpenAI-compatible.",
+        widget=forms.TextInput(attrs={"placeholder": "Model (blank: provider's default)"}),
     )
     secret = forms.CharField(widget=forms.PasswordInput, label="Key")
 
 
-class ModelPriceForm(forms.Form):
+class ModelPriceForm(PageForm):
     model = forms.CharField(max_length=200, label=_lazy("Model"))
     input_per_million = forms.DecimalField(
         min_value=0, max_digits=10, decimal_places=4, label=_lazy("€ per million input tokens")
@@ -163,11 +193,11 @@ class ModelPriceForm(forms.Form):
     )
 
 
-class RotateForm(forms.Form):
+class RotateForm(PageForm):
     secret = forms.CharField(widget=forms.PasswordInput, label="New key")
 
 
-class AuditFilterForm(forms.Form):
+class AuditFilterForm(PageForm):
     actor = forms.CharField(required=False)
     action = forms.CharField(required=False)
     target = forms.CharField(required=False, label="Desktop or object id")
@@ -175,7 +205,7 @@ class AuditFilterForm(forms.Form):
     until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
 
 
-class ScheduleForm(forms.Form):
+class ScheduleForm(PageForm):
     cron = forms.CharField(
         max_length=100,
         label=_lazy("When (cron)"),

@@ -43,6 +43,7 @@ urlpatterns = [
     path("pricing/", views.pricing, name="pricing"),
     path("desktops/<str:desktop_id>/", views.desktop, name="desktop"),
     path("desktops/<str:desktop_id>/egress/", views.desktop_egress, name="desktop_egress"),
+    path("desktops/<str:desktop_id>/watchers/", views.watchers, name="watchers"),
     path("desktops/<str:desktop_id>/schedules/new/", views.schedule_new, name="schedule_new"),
     path("schedules/<str:schedule_id>/", views.schedule_change, name="schedule_change"),
     path("events/w/<str:workspace_id>/", views.workspace_events, name="workspace_events"),

@@ -39,12 +39,15 @@ from billing.selectors import (
     tier_list,
 )
 from desktops import approvals, egress, schedules, selectors, services, webhooks
+from desktops.agent_failures import failure_of
 from desktops.audit import Actor
 from desktops.engines import desktop_blocked_egress, desktop_resource_usage
-from desktops.errors import DomainError, Forbidden, NotFound
+from desktops.errors import DomainError, Forbidden, Invalid, NotFound
 from desktops.events import workspace_stream
 from desktops.labels import desktops_label
+from desktops.lifecycle import TRANSITIONS
 from desktops.models import DesktopState, Role
+from desktops.relays import desktop_watchers
 from desktops.selectors import role_in
 from missioncontrol import forms
 from missioncontrol.charts import bar_chart
@@ -116,8 +119,10 @@ def attempt(request, call, success: str = "") -> bool:
     return True
 
 
-@login_required
 def home(request):
+    """Signed out: what Le Bureau is, and the way in. Signed in: one's desktops."""
+    if not request.user.is_authenticated:
+        return render(request, "missioncontrol/landing.html")
     # Invitations waiting for an answer come first: accepting or declining is one click.
     if selectors.invitations_for(user=request.user).exists():
         return redirect("invitations")
@@ -163,37 +168,40 @@ def switch(request):
 
 
 @workspace_page()
-def desktops(request):
+def desktops(request, new_form=None):
     filters = forms.DesktopFilterForm(request.GET)
     filters.is_valid()
     label = filters.cleaned_data.get("label", "").strip().lower()
+    state = filters.cleaned_data.get("state")
     rows = selectors.desktop_list(
         actor=request.actor,
         workspace_id=request.workspace.id,
-        state=filters.cleaned_data.get("state"),
+        state=None if state == forms.FAILING else state,
         labels=[label] if label else None,
     )
     if filters.cleaned_data.get("q"):
         rows = rows.filter(name__icontains=filters.cleaned_data["q"])
-    rows = Paginator(rows.order_by("name"), PAGE_SIZE).get_page(request.GET.get("page"))
-    tasks = selectors.current_tasks(desktop_ids=[d.id for d in rows])
+    rows = selectors.desktops_with_outcome(rows.order_by("name"))
+    if state == forms.FAILING:
+        rows = rows.filter(selectors.FAILING)
+    rows = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
+    spent, costs = costs_month_to_date(workspace=request.workspace)
     waiting = approvals.approvals_waiting_by_desktop(desktop_ids=[d.id for d in rows])
-    costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
     for desktop in rows:
-        desktop.task = tasks.get(desktop.id, "")
         desktop.waiting_approvals = waiting.get(desktop.id, 0)
         desktop.cost = costs.get(desktop.id, 0)
+        desktop.failure = failure_of(desktop.outcome_detail) if desktop.outcome == "error" else None
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
-    template = (
-        "missioncontrol/desktop_rows.html" if request.GET.get("rows") else "missioncontrol/desktops.html"
-    )
     return page(
         request,
-        template,
+        "missioncontrol/desktops.html",
+        summary=selectors.fleet_summary(workspace=request.workspace),
+        spent=spent,
         desktops=rows,
         filters=filters,
+        filtered=any(filters.cleaned_data.values()),
         query=query_without_page(request),
-        new_form=forms.NewComputerForm(initial={"image_profile": "full"}),
+        new_form=new_form or forms.NewComputerForm(initial={"image_profile": "full"}),
         spend_alert=_latest_alert(request.workspace),
         labels=selectors.label_list(workspace=request.workspace),
     )
@@ -203,23 +211,23 @@ def desktops(request):
 @workspace_page(Role.MEMBER)
 def desktop_new(request):
     form = forms.NewComputerForm(request.POST)
-    if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
-        return redirect("desktops", request.workspace.id)
-    data = form.cleaned_data
-    attempt(
+    created = form.is_valid() and attempt(
         request,
         lambda: services.desktop_create(
             actor=request.actor,
             workspace=request.workspace,
-            plan=data["plan"],
-            name=data["name"],
-            image_profile=data["image_profile"],
+            plan=form.cleaned_data["plan"],
+            name=form.cleaned_data["name"],
+            image_profile=form.cleaned_data["image_profile"],
         ),
-        f"{data['name']} is being provisioned.",
+        _("%(name)s is being provisioned.") % {"name": form.cleaned_data["name"]},
     )
-    return redirect("desktops", request.workspace.id)
+    if created:
+        return redirect("desktops", request.workspace.id)
+    # The form again as it was sent, its errors beside its fields: nothing typed is lost.
+    response = desktops(request, workspace_id=request.workspace.id, new_form=form)
+    response.status_code = 400
+    return response
 
 
 @require_POST
@@ -276,6 +284,10 @@ def desktop(request, desktop_id):
         request,
         "missioncontrol/desktop.html",
         desktop=found,
+        # Each action with the states it may start from: the page shows those that apply now.
+        lifecycle=[
+            (action, label, sorted(TRANSITIONS[action].sources)) for action, label in forms.LIFECYCLE_ACTIONS
+        ],
         can_control=request.role.rank >= Role(found.workspace.control_role).rank,
         events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
         usage=desktop_resource_usage(found),
@@ -287,6 +299,7 @@ def desktop(request, desktop_id):
         egress=(policy := egress.egress_of_desktop(desktop=found)),
         blocked=desktop_blocked_egress(found),
         egress_form=forms.DesktopEgressForm(initial=_egress_initial(request, policy, inherit=True)),
+        watchers=desktop_watchers(desktop=found),
     )
 
 
@@ -332,6 +345,14 @@ def desktop_egress(request, desktop_id):
         else _("Egress policy saved: it applies to the desktop within seconds."),
     )
     return redirect(f"{reverse('desktop', args=[desktop.id])}#egress-panel")
+
+
+@login_required
+def watchers(request, desktop_id):
+    """Who watches the desktop now and who has control: the viewer's presence line, fetched anew
+    whenever someone opens or closes its screen or terminal."""
+    _actor, found = _desktop_of(request, desktop_id)
+    return render(request, "missioncontrol/watchers.html", {"watchers": desktop_watchers(desktop=found)})
 
 
 def _schedules_of(desktop):
@@ -473,7 +494,8 @@ def workspace_events(request, workspace_id):
 
 
 @workspace_page()
-def settings_page(request):
+def settings_page(request, **bound):
+    """The workspace's settings; `bound` holds a form sent back with its errors, as it was filled in."""
     workspace = request.workspace
     can_manage = request.role.rank >= Role.ADMIN.rank
     usage_total, usage_desktops = agent_usage_of_workspace(workspace)
@@ -486,12 +508,15 @@ def settings_page(request):
         invitations=selectors.invitations_pending(workspace=workspace) if can_manage else [],
         api_keys=selectors.api_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
         llm_keys=selectors.llm_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
-        rename_form=forms.RenameForm(initial={"name": workspace.name}),
-        invite_form=forms.InviteForm(),
-        api_key_form=forms.ApiKeyForm(),
-        llm_key_form=forms.LLMKeyForm(),
         model_prices=model_price_list(workspace=workspace),
-        model_price_form=forms.ModelPriceForm(),
+        **{
+            "rename_form": forms.RenameForm(initial={"name": workspace.name}),
+            "invite_form": forms.InviteForm(),
+            "api_key_form": forms.ApiKeyForm(),
+            "llm_key_form": forms.LLMKeyForm(),
+            "model_price_form": forms.ModelPriceForm(),
+            **bound,
+        },
         agent_model=agent_model(workspace),
         egress=(policy := egress.egress_of_workspace(workspace=workspace)),
         egress_form=forms.EgressForm(initial=_egress_initial(request, policy)),
@@ -513,18 +538,34 @@ def settings_page(request):
     )
 
 
-def _settings_post(form_class, apply, success):
-    """A settings form: validate, call the service, come back to the settings page."""
+def _settings_post(form_class, apply, success, shown_as=""):
+    """A settings form: validate, call the service, come back to the settings page. Refused, a form
+    the page shows (`shown_as`, its name there) comes back as it was filled in, with why."""
 
     @require_POST
     @workspace_page(Role.VIEWER)
     def view(request, **kwargs):
         form = form_class(request.POST)
         if form.is_valid():
-            attempt(request, lambda: apply(request, form.cleaned_data, **kwargs), success)
-        else:
-            for field, errors in form.errors.items():
-                messages.error(request, f"{field}: {' '.join(errors)}")
+            try:
+                apply(request, form.cleaned_data, **kwargs)
+            except Invalid as exc:  # about what was typed: said with the form
+                form.add_error(None, exc.message)
+            except DomainError as exc:  # about who or when (a role, a state): said on the page
+                messages.error(request, exc.message)
+                return redirect("settings", request.workspace.id)
+            else:
+                if success:
+                    messages.success(request, success)
+                return redirect("settings", request.workspace.id)
+        if shown_as:
+            response = settings_page(request, workspace_id=request.workspace.id, **{shown_as: form})
+            response.status_code = 400
+            return response
+        for field, errors in form.errors.items():
+            messages.error(
+                request, f"{field}: {' '.join(errors)}" if field != "__all__" else " ".join(errors)
+            )
         return redirect("settings", request.workspace.id)
 
     return view
@@ -577,6 +618,7 @@ workspace_rename = _settings_post(
     forms.RenameForm,
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
     "Workspace renamed.",
+    shown_as="rename_form",
 )
 approval_policy_set = _settings_post(
     forms.ApprovalPolicyForm, _approval_policy, _lazy("Approval policy saved.")
@@ -592,6 +634,7 @@ member_invite = _settings_post(
     forms.InviteForm,
     lambda r, d: services.member_invite(actor=r.actor, workspace_id=r.workspace.id, **d),
     _("Invitation sent: they join once they accept it from that address."),
+    shown_as="invite_form",
 )
 member_role = _settings_post(
     forms.RoleForm,
@@ -601,17 +644,19 @@ member_role = _settings_post(
     "Role changed.",
 )
 api_key_new = _settings_post(
-    forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once."
+    forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once.", shown_as="api_key_form"
 )
 llm_key_new = _settings_post(
     forms.LLMKeyForm,
     lambda r, d: services.llm_key_save(actor=r.actor, workspace_id=r.workspace.id, **d),
-    "LLM key added.",
+    _lazy("LLM key added. Its provider is being asked whether it takes it: see its answer below."),
+    shown_as="llm_key_form",
 )
 model_price_set = _settings_post(
     forms.ModelPriceForm,
     lambda r, d: billing.model_price_set(actor=r.actor, workspace_id=r.workspace.id, **d),
     _lazy("Model price saved."),
+    shown_as="model_price_form",
 )
 llm_key_rotate = _settings_post(
     forms.RotateForm,
@@ -706,11 +751,15 @@ def audit(request):
         response = StreamingHttpResponse(lines(), content_type="text/csv")
         response["Content-Disposition"] = f'attachment; filename="audit-{request.workspace.id}.csv"'
         return response
+    shown = Paginator(events, 100).get_page(request.GET.get("page"))
+    names = selectors.audit_target_names(workspace=request.workspace, targets=[e.target for e in shown])
+    for event in shown:
+        event.target_name = names.get(event.target, "")
     return page(
         request,
         "missioncontrol/audit.html",
         filters=filters,
-        events=Paginator(events, 100).get_page(request.GET.get("page")),
+        events=shown,
         query=query_without_page(request),
     )
 

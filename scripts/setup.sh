@@ -10,7 +10,7 @@ step "System packages"
 # Services, the browser libraries' toolchain, and what the tests dial: a real VNC server with an
 # xterm on it, sshd, xclip to read a screen's clipboard, and Chromium for the browser tests.
 scripts/apt-ensure.sh postgresql redis-server python3-venv tigervnc-standalone-server xterm xclip \
-    openssh-server chromium
+    openssh-server chromium gettext
 # Any Node.js with npm will do for the browser libraries; Debian's only if there is none.
 command -v npm >/dev/null || scripts/apt-ensure.sh nodejs npm
 echo "ok"
@@ -72,6 +72,10 @@ db_name=$(.venv/bin/python -c "from lebureau.settings import DATABASES as d; pri
 su postgres -c "psql -tAc \"SELECT 1 FROM pg_database WHERE datname='$db_name'\"" | grep -q 1 \
     || su postgres -c "createdb '$db_name'"
 .venv/bin/python manage.py migrate --noinput -v 0
+echo "ok"
+
+step "Translations (locale/*.po into .mo)"
+.venv/bin/python manage.py compilemessages --ignore .venv -v 0
 echo "ok"
 
 step "Browser libraries (noVNC, xterm.js) into static files"

@@ -19,6 +19,7 @@ from desktops.queue import (
     CHAT_STOP,
     DESKTOP_EGRESS_APPLY,
     DESKTOP_STEP,
+    LLM_KEY_CHECK,
     SCHEDULE_FIRE,
     WEBHOOK_DELIVER,
     WORKSPACE_AGENT_CONFIGURE,
@@ -166,6 +167,12 @@ def workspace_agent_configure(*, workspace_id: str) -> None:
     """A workspace's keys changed: rewrite the configuration of each of its running desktops."""
     for desktop_id in selectors.desktop_ids_running(workspace_id=workspace_id):
         agent_configure.delay(desktop_id=desktop_id)
+
+
+@shared_task(name=LLM_KEY_CHECK, acks_late=True)
+def llm_key_check(*, key_id: str) -> None:
+    """A key was added or rotated: ask its provider whether it takes it, from one of the desktops."""
+    agent_config.llm_key_check(key_id=key_id)
 
 
 # Chat tasks are acknowledged on receipt (acks_late=False, overriding the global default): a turn may

@@ -1,5 +1,6 @@
 """Shapes of the API's JSON (snake_case here, camelCase on the wire); no logic beyond input checks."""
 
+from django.urls import reverse
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -7,6 +8,7 @@ from rest_framework import serializers
 from billing.metering import month_parse
 from billing.models import ModelPrice, Tier
 from billing.selectors import price_of
+from desktops.agent_failures import agent_failure
 from desktops.approvals import approval_status
 from desktops.models import (
     ApiKey,
@@ -421,7 +423,13 @@ class LLMKeySerializer(serializers.ModelSerializer):
             "last4",
             "created_at",
             "updated_at",
+            "verdict",
+            "check_detail",
+            "checked_at",
         ]
+        extra_kwargs = {
+            "verdict": {"help_text": "The provider's answer to the key, asked from a running desktop"}
+        }
 
 
 class LLMKeyWriteSerializer(serializers.Serializer):
@@ -475,12 +483,27 @@ class ChatSendSerializer(serializers.Serializer):
     message = serializers.CharField(trim_whitespace=True)
 
 
+class AgentFailureSerializer(serializers.Serializer):
+    kind = serializers.CharField(help_text="llm_key_missing, llm_key_rejected, provider_unreachable, …")
+    message = serializers.CharField(help_text="What happened, in words, in the reader's language")
+    fix_url = serializers.CharField(help_text="The page where it is put right; empty when none is")
+
+
 class ChatMessageSerializer(serializers.ModelSerializer):
     reply_to = serializers.CharField(source="reply_to_id", read_only=True)
     content = serializers.SerializerMethodField(help_text="So far, while the agent is still answering.")
+    failure = serializers.SerializerMethodField(help_text="Why the turn failed (status error), else null.")
 
     def get_content(self, message) -> str:
         return chat_content(message)
+
+    @extend_schema_field(AgentFailureSerializer(allow_null=True))
+    def get_failure(self, message) -> dict | None:
+        failure = agent_failure(message)
+        if failure is None:
+            return None
+        fix_url = reverse("settings", args=[message.desktop.workspace_id]) if failure.fix else ""
+        return {"kind": failure.kind, "message": failure.message, "fix_url": fix_url}
 
     class Meta:
         model = ChatMessage
@@ -495,6 +518,7 @@ class ChatMessageSerializer(serializers.ModelSerializer):
             "input_tokens",
             "output_tokens",
             "model_requests",
+            "failure",
         ]
 
 

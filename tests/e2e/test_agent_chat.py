@@ -10,6 +10,8 @@ import time
 import pytest
 from playwright.sync_api import expect
 
+from desktops import services
+from desktops.audit import Actor
 from desktops.models import ChatMessage, Role
 from tests.conftest import FULL_IMAGE, SCRIPTED_MODEL_URL
 from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
@@ -75,3 +77,44 @@ def test_a_task_in_the_chat_pane_is_done_and_its_answer_streams_in(
     while ChatMessage.objects.get(id=reply.id).status != "done":
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_a_refused_key_is_said_in_words_with_the_fix_one_click_away(
+    page, site, lxc_api, workspace, scripted_model
+):
+    """The provider (the scripted model) answers 401 to the workspace's key, as a real one does to a
+    wrong or revoked key."""
+    scripted_model.accepted_keys = {"sk-the-right-one-1234"}
+    admin = MembershipFactory(workspace=workspace, role=Role.ADMIN)
+    services.llm_key_save(
+        actor=Actor(user=admin.user),
+        workspace_id=workspace.id,
+        provider="openai_compatible",
+        name="scripted",
+        secret="sk-a-wrong-one-5678",
+        base_url=SCRIPTED_MODEL_URL,
+        model="scripted",
+    )
+    desktop = provision(lxc_api, "refused-key", profile="full")
+    log_in(page, site, admin.user.email)
+    let_the_network_settle(page)
+
+    page.goto(f"{site}/desktops/{desktop.id}/")
+    page.fill("#chat-text", "Range le bureau")
+    page.click("#chat-form button")
+    failed = page.locator("#chat-log li.agent.error")
+    expect(failed).to_contain_text("refused this workspace's LLM key", timeout=120000)
+    expect(failed.locator("details")).to_contain_text("401")  # the runtime's own words, folded
+    screenshot(page, "agent-04-refused-key")
+    assert scripted_model.requests[-1]["headers"]["authorization"] == "Bearer sk-a-wrong-one-5678"
+
+    # The list says it too, and the fix is one click away from either page.
+    page.goto(f"{site}/w/{workspace.id}/desktops/")
+    row = page.locator(f"tr[data-desktop='{desktop.id}']")
+    expect(row.locator("[data-field=outcome]")).to_contain_text("refused this workspace's LLM key")
+    expect(page.locator("#fleet-summary [data-figure=in_error]")).to_have_text("1")
+    screenshot(page, "agent-05-refused-key-in-the-list")
+    page.goto(f"{site}/desktops/{desktop.id}/")
+    failed.get_by_role("link", name="Open Settings").click()
+    page.wait_for_url(f"{site}/w/{workspace.id}/settings/")
+    expect(page.locator("#llm-key-form")).to_be_visible()

@@ -4,16 +4,17 @@ The desktop is a real LXC desktop made through the API by the Celery worker; the
 only to the control plane's daphne, which relays to the desktop's VNC server and sshd.
 """
 
+import re
 import time
 
 import pytest
 from playwright.sync_api import expect
 
-from desktops.models import Role
+from desktops.models import Desktop, Role
 from tests.conftest import LXC_IMAGE, web_server
 from tests.e2e.conftest import let_the_network_settle, log_in, screenshot
 from tests.factories import MembershipFactory
-from tests.support.desktops import provision, run
+from tests.support.desktops import provision, run, wait_for_state
 from tests.support.services import free_port
 
 pytestmark = [
@@ -118,3 +119,79 @@ def test_open_viewers_reconnect_by_themselves_after_the_web_server_restarts(
         page.keyboard.type("echo back-$((40+2))\n", delay=10)
         expect(page.locator("#terminal .xterm-rows")).to_contain_text("back-42", timeout=10000)
         screenshot(page, "viewer-restart-02-back")
+
+
+def test_two_people_watch_and_one_takes_control(page, browser, site, lxc_api, workspace):
+    desktop = provision(lxc_api, "e2e-watched")
+    first = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    second = MembershipFactory(workspace=workspace, role=Role.VIEWER)
+    let_the_network_settle(page)
+    other_context = browser.new_context(viewport={"width": 1280, "height": 800})
+    other = other_context.new_page()
+    try:
+        for who, person in ((page, first), (other, second)):
+            log_in(who, site, person.user.email)
+            who.goto(f"{site}/desktops/{desktop.id}/")
+            expect(who.locator("#screen-status")).to_be_hidden(timeout=30000)
+        # Both opened watching: nobody has control until someone takes it.
+        expect(other.locator("#watchers")).to_contain_text("2 people watching", timeout=10000)
+        expect(other.locator("#watchers")).not_to_contain_text("has control")
+        expect(page.locator("#mode-view")).to_have_attribute("aria-pressed", "true")
+
+        page.click("#mode-control")
+        expect(page.locator("#watchers")).to_contain_text("You have control", timeout=10000)
+        expect(other.locator("#watchers")).to_contain_text(f"{first.user.email} has control", timeout=10000)
+        screenshot(other, "viewer-08-someone-else-has-control")
+
+        page.click("#mode-view")
+        expect(other.locator("#watchers")).not_to_contain_text("has control", timeout=10000)
+    finally:
+        other_context.close()
+
+
+def test_the_desktops_lifecycle_from_its_viewer(page, site, lxc_api, workspace):
+    desktop = provision(lxc_api, "e2e-lifecycle")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    let_the_network_settle(page)
+    log_in(page, site, member.user.email)
+    page.goto(f"{site}/desktops/{desktop.id}/")
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)
+    lifecycle, badge = page.locator("#lifecycle"), page.locator("#state")
+    blocked = ["#chat-form button", "#mode-control", "#clipboard-form button"]
+    expect(lifecycle.locator("[data-action=start]")).to_be_hidden()
+    expect(lifecycle.locator("[data-action=resume]")).to_be_hidden()
+
+    lifecycle.locator("[data-action=suspend]").click()
+    expect(badge).to_have_text("suspended", timeout=30000)
+    # Sending, taking control and pasting wait for the desktop to run again, and say so.
+    expect(page.locator("#not-running")).to_be_visible()
+    for control in blocked:
+        expect(page.locator(control)).to_be_disabled()
+        expect(page.locator(control)).to_have_attribute("title", re.compile("not running"))
+    expect(lifecycle.locator("[data-action=suspend]")).to_be_hidden()
+    screenshot(page, "viewer-09-suspended")
+
+    lifecycle.locator("[data-action=resume]").click()
+    expect(badge).to_have_text("running", timeout=30000)
+    expect(page.locator("#not-running")).to_be_hidden()
+    for control in blocked:
+        expect(page.locator(control)).to_be_enabled()
+    expect(page.locator("#screen-status")).to_be_hidden(timeout=30000)  # the screen comes back by itself
+
+    lifecycle.locator("[data-action=stop]").click()
+    expect(badge).to_have_text("stopped", timeout=30000)
+    expect(page.locator("#chat-form button")).to_be_disabled()
+    lifecycle.locator("[data-action=start]").click()
+    expect(badge).to_have_text("running", timeout=30000)
+
+    # Destroying asks for the desktop's name: a wrong one destroys nothing.
+    answers = iter(["e2e-wrong", "e2e-lifecycle"])
+    page.on(
+        "dialog", lambda dialog: dialog.accept(next(answers)) if dialog.type == "prompt" else dialog.accept()
+    )
+    lifecycle.locator("[data-action=destroy]").click()
+    page.wait_for_timeout(500)
+    assert Desktop.objects.get(id=desktop.id).state == "running"
+    lifecycle.locator("[data-action=destroy]").click()
+    page.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
+    wait_for_state(desktop.id, "destroyed", timeout=60)

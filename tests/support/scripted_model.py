@@ -39,6 +39,13 @@ class ScriptedModel:
     # Usage reported with each reply, as a real provider would.
     prompt_tokens: int = 120
     completion_tokens: int = 30
+    # When set, a request whose bearer key is not among them is refused with 401, as a real
+    # provider refuses a wrong key.
+    accepted_keys: set[str] | None = None
+
+    def refuses(self, headers: dict) -> bool:
+        key = headers.get("authorization", "").removeprefix("Bearer ")
+        return self.accepted_keys is not None and key not in self.accepted_keys
 
     def script(self, *replies: Text | ToolCall) -> None:
         self.replies.extend(replies)
@@ -55,6 +62,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        self.model.requests.append({"path": self.path, "headers": headers, "body": None})
+        if self.model.refuses(headers):
+            return self._refuse()
         if self.path.rstrip("/").endswith("/models"):
             return self._json({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
         self._json({"error": {"message": "not found"}}, status=404)
@@ -65,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"error": {"message": "not found"}}, status=404)
         headers = {name.lower(): value for name, value in self.headers.items()}
         self.model.requests.append({"path": self.path, "headers": headers, "body": body})
+        if self.model.refuses(headers):
+            return self._refuse()
         reply = self.model.next_reply()
         if body.get("stream"):
             self._stream(reply, body)
@@ -129,6 +142,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _usage(self) -> dict:
         prompt, completion = self.model.prompt_tokens, self.model.completion_tokens
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _refuse(self) -> None:
+        # OpenAI's own answer to a wrong key.
+        error = {"message": "Incorrect API key provided.", "type": "invalid_request_error"}
+        self._json({"error": {**error, "param": None, "code": "invalid_api_key"}}, status=401)
 
     def _json(self, payload: dict, status: int = 200) -> None:
         data = json.dumps(payload).encode()

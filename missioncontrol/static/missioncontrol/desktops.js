@@ -1,4 +1,5 @@
 // The desktops list, live: one server-sent event stream for the workspace updates each row.
+// Its words come from Django's JavaScript catalogue (gettext, ngettext, interpolate), loaded before it.
 const table = document.getElementById("desktops-table");
 const workspace = table.dataset.workspace;
 const live = document.getElementById("live");
@@ -11,14 +12,22 @@ function setText(row, field, text) {
 }
 
 async function reloadRows() {
-  // A desktop this page has not seen (made elsewhere): fetch the rows again, keeping the filters.
-  const url = new URL(location.href);
-  url.searchParams.set("rows", "1");
-  const response = await fetch(url, { credentials: "same-origin" });
-  if (response.ok) {
-    rows.innerHTML = await response.text();
-    bindSelection();
-  }
+  // Rows and summary as the server has them now (a new desktop, an agent's outcome), filters kept.
+  const response = await fetch(location.href, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+  const checked = new Set([...rows.querySelectorAll('input[name="desktops"]:checked')].map((b) => b.value));
+  rows.replaceChildren(...fresh.getElementById("desktop-rows").children);
+  rows.querySelectorAll('input[name="desktops"]').forEach((b) => (b.checked = checked.has(b.value)));
+  document.getElementById("fleet-summary").replaceWith(fresh.getElementById("fleet-summary"));
+  bindSelection();
+}
+
+// Many events can come at once (a bulk start, a streaming answer): one reload for a burst of them.
+let reloadTimer = null;
+function reloadSoon() {
+  clearTimeout(reloadTimer);
+  reloadTimer = setTimeout(reloadRows, 500);
 }
 
 function apply(event) {
@@ -30,23 +39,29 @@ function apply(event) {
   setText(row, "progress", TRANSIENT.has(event.state) && event.progress ? `${event.progress}…` : "");
   setText(row, "last_error", event.state === "error" ? event.last_error : "");
   setText(row, "private_ip", event.private_ip || "—");
-  setText(row, "uptime", event.state === "running" ? "just now" : "—");
+  setText(row, "uptime", event.state === "running" ? gettext("just now") : "—");
   row.classList.remove("flash");
   void row.offsetWidth; // restart the highlight
   row.classList.add("flash");
+  reloadSoon(); // the summary's counts
 }
 
 function connect() {
   const stream = new EventSource(`/events/w/${workspace}/`);
   stream.addEventListener("open", () => {
-    live.textContent = "live";
+    live.textContent = gettext("live");
     live.classList.remove("down");
   });
   stream.addEventListener("desktop", (message) => apply(JSON.parse(message.data)));
   stream.addEventListener("approval", reloadRows); // a desktop's requests waiting for an answer
+  // An agent's turn started or ended: its row's outcome changes (not each streamed piece).
+  stream.addEventListener("chat", (message) => {
+    const event = JSON.parse(message.data);
+    if (event.status !== "running" || event.at === 0) reloadSoon();
+  });
   stream.addEventListener("error", () => {
     // EventSource reconnects by itself and resumes from the last event it saw.
-    live.textContent = "reconnecting…";
+    live.textContent = gettext("reconnecting…");
     live.classList.add("down");
   });
 }
@@ -58,7 +73,7 @@ function bindSelection() {
   const count = document.getElementById("selected-count");
   const update = () => {
     const n = boxes.filter((b) => b.checked).length;
-    if (count) count.textContent = `${n} selected`;
+    if (count) count.textContent = interpolate(ngettext("%(n)s selected", "%(n)s selected", n), { n }, true);
     document.querySelectorAll("[data-needs-selection]").forEach((b) => (b.disabled = n === 0));
   };
   boxes.forEach((b) => b.addEventListener("change", update));
@@ -77,8 +92,10 @@ const fleet = document.getElementById("fleet");
 fleet.addEventListener("submit", (event) => {
   const button = event.submitter;
   if (!button || !("confirmCount" in button.dataset)) return;
-  const n = rows.querySelectorAll('input[name="desktops"]:checked').length;
-  const typed = prompt(`Destroy ${n} desktop(s) and wipe their disks? Type ${n} to confirm.`);
+  const chosen = [...rows.querySelectorAll('input[name="desktops"]:checked')];
+  const n = chosen.length;
+  const names = chosen.map((box) => box.dataset.name).join(", ");
+  const typed = prompt(button.dataset.confirmCount.replace("{names}", names).replace("{count}", n));
   if (typed === null) return event.preventDefault();
   document.getElementById("confirm").value = typed.trim();
 });

@@ -1,4 +1,5 @@
 // The desktop viewer: live screen (noVNC), terminal (xterm.js), view / control toggle.
+// Its words come from Django's JavaScript catalogue (gettext, interpolate), loaded before it.
 // Each relay opens with its own single-use ticket, minted by the API for this browser session and
 // sent as a WebSocket subprotocol (never in the URL).
 import RFB from "../vendor/novnc/core/rfb.js";
@@ -42,10 +43,56 @@ async function api(path, options = {}) {
 
 async function desktopState() {
   const desktop = await api("");
-  stateBadge.textContent = desktop.state;
-  stateBadge.className = `badge ${desktop.state}`;
+  applyState(desktop.state);
   return desktop.state;
 }
+
+// What the page offers follows the desktop's state: the lifecycle actions that apply, and sending,
+// taking control and pasting only while it runs (disabled with the reason otherwise).
+const notRunning = document.getElementById("not-running");
+const lifecycle = document.getElementById("lifecycle");
+const controlButton = document.getElementById("mode-control");
+const controlTitle = controlButton.title;
+const needRunning = () => [
+  controlButton,
+  ...document.querySelectorAll("#clipboard-form button, #clipboard-form input, #chat-form button, #chat-form textarea"),
+];
+
+function applyState(state) {
+  stateBadge.textContent = state;
+  stateBadge.className = `badge ${state}`;
+  const running = state === "running";
+  notRunning.hidden = running;
+  for (const el of needRunning()) {
+    el.disabled = !running || (el === controlButton && !canControl);
+    if (el.tagName === "BUTTON") el.title = running ? (el === controlButton ? controlTitle : "") : notRunning.textContent;
+  }
+  lifecycle?.querySelectorAll("[data-action]").forEach((button) => {
+    button.hidden = !button.dataset.when.split(" ").includes(state);
+    button.disabled = false;
+  });
+}
+applyState(stateBadge.textContent.trim());
+
+lifecycle?.addEventListener("click", async (event) => {
+  const button = event.target.closest("[data-action]");
+  if (!button) return;
+  const action = button.dataset.action;
+  if (action === "destroy") {
+    const typed = prompt(lifecycle.dataset.destroyPrompt);
+    if (typed === null) return;
+    if (typed.trim() !== root.dataset.name) return alert(lifecycle.dataset.destroyMismatch);
+  }
+  button.disabled = true;
+  try {
+    await api(action === "destroy" ? "" : `/${action}`, { method: action === "destroy" ? "DELETE" : "POST" });
+  } catch (error) {
+    button.disabled = false;
+    return alert(error.message);
+  }
+  if (action === "destroy") location.assign(lifecycle.dataset.listUrl);
+  else connect(); // follows the desktop through its transition
+});
 
 // The screen
 
@@ -68,7 +115,7 @@ function connectScreen(session) {
   screen.addEventListener("disconnect", () => {
     if (rfb !== screen) return; // replaced on purpose (mode switch, reconnect)
     rfb = null;
-    scheduleReconnect("The screen connection was lost.");
+    scheduleReconnect(gettext("The screen connection was lost."));
   });
 }
 
@@ -110,7 +157,7 @@ function connectTerminal(session) {
   socket.onclose = (event) => {
     if (terminalSocket !== socket) return;
     terminalSocket = null;
-    show(terminalStatus, event.reason || "The terminal connection was lost.");
+    show(terminalStatus, event.reason || gettext("The terminal connection was lost."));
     if (event.code !== 4403 && event.code !== 4401) scheduleReconnect(event.reason);
   };
 }
@@ -135,17 +182,23 @@ async function connect() {
   try {
     state = await desktopState();
   } catch (error) {
-    return scheduleReconnect(`Mission Control is not reachable (${error.message}).`);
+    return scheduleReconnect(
+      interpolate(gettext("Mission Control is not reachable (%(why)s)."), { why: error.message }, true),
+    );
   }
   if (state !== "running") {
-    const message = `The desktop is ${state}. The screen and terminal come back when it runs again.`;
+    const message = interpolate(
+      gettext("The desktop is %(state)s. The screen and terminal come back when it runs again."),
+      { state },
+      true,
+    );
     show(screenStatus, message);
     show(terminalStatus, message);
     retryTimer = setTimeout(connect, 5000);
     return;
   }
-  show(screenStatus, "Connecting to the screen…");
-  show(terminalStatus, "Connecting to the terminal…");
+  show(screenStatus, gettext("Connecting to the screen…"));
+  show(terminalStatus, gettext("Connecting to the terminal…"));
   try {
     const session = await api("/sessions", { method: "POST", body: JSON.stringify({ mode }) });
     connectScreen(session);
@@ -158,7 +211,8 @@ async function connect() {
 
 function scheduleReconnect(reason) {
   clearTimeout(retryTimer);
-  show(screenStatus, `${reason || "Disconnected."} Reconnecting in ${Math.round(retryDelay / 1000)} s…`);
+  const again = interpolate(gettext("Reconnecting in %(seconds)s s…"), { seconds: Math.round(retryDelay / 1000) }, true);
+  show(screenStatus, `${reason || gettext("Disconnected.")} ${again}`);
   retryTimer = setTimeout(connect, retryDelay);
   retryDelay = Math.min(retryDelay * 2, 15000);
 }
@@ -199,9 +253,10 @@ function render(entry, status) {
   entry.item.classList.toggle("pending", waiting);
   entry.item.classList.toggle("error", status === "error");
   entry.item.classList.toggle("cancelled", status === "cancelled");
+  if (entry.failure) return renderFailure(entry);
   // The text in a node of its own: the Stop button beside it stays put while the answer streams in.
   entry.text ||= entry.item.appendChild(document.createElement("span"));
-  entry.text.textContent = entry.content || (waiting ? "The agent is working…" : "");
+  entry.text.textContent = entry.content || (waiting ? gettext("The agent is working…") : "");
   if (status === "cancelled" && !entry.note) {
     entry.note = entry.item.appendChild(document.createElement("span"));
     entry.note.className = "muted";
@@ -228,6 +283,29 @@ function render(entry, status) {
   }
 }
 
+// A failed turn: what happened in words, the fix one click away, the runtime's own words folded.
+function renderFailure(entry) {
+  const { message, fixUrl } = entry.failure;
+  const words = document.createElement("p");
+  words.className = "failure";
+  words.textContent = message;
+  const parts = [words];
+  if (fixUrl) {
+    const fix = document.createElement("a");
+    fix.href = fixUrl;
+    fix.className = "button";
+    fix.textContent = gettext("Open Settings");
+    parts.push(fix);
+  }
+  const detail = document.createElement("details");
+  const summary = document.createElement("summary");
+  summary.textContent = gettext("What the agent runtime said");
+  const raw = document.createElement("pre");
+  raw.textContent = entry.content;
+  detail.append(summary, raw);
+  entry.item.replaceChildren(...parts, detail);
+}
+
 async function loadChat() {
   const load = ++loads;
   held = held || [];
@@ -238,7 +316,7 @@ async function loadChat() {
     shown.clear();
     chatLog.replaceChildren(
       ...page.results.map((m) => {
-        const entry = { item: document.createElement("li"), content: m.content };
+        const entry = { item: document.createElement("li"), content: m.content, failure: m.failure };
         entry.item.className = m.author;
         entry.item.dataset.message = m.id;
         render(entry, m.status);
@@ -246,13 +324,18 @@ async function loadChat() {
         return entry.item;
       }),
     );
-    if (!page.results.length) chatLog.innerHTML = '<li class="muted">No message yet.</li>';
+    if (!page.results.length) {
+      const empty = document.createElement("li");
+      empty.className = "muted";
+      empty.textContent = gettext("No message yet.");
+      chatLog.replaceChildren(empty);
+    }
     chatLog.scrollTop = chatLog.scrollHeight;
   } catch (error) {
     if (load !== loads) return;
     const item = document.createElement("li");
     item.className = "error";
-    item.textContent = `The conversation could not be loaded (${error.message}).`;
+    item.textContent = interpolate(gettext("The conversation could not be loaded (%(why)s)."), { why: error.message }, true);
     chatLog.replaceChildren(item);
   }
   const events = held;
@@ -266,7 +349,9 @@ function applyChat(event) {
   const entry = shown.get(event.message_id);
   const finished = ["done", "error", "cancelled"].includes(event.status);
   if (!entry) return loadChat(); // a message this page has not seen yet
-  if (finished) {
+  if (event.status === "error") {
+    return loadChat(); // why it failed, in words, comes with the stored message
+  } else if (finished) {
     entry.content = event.text;
   } else if (event.at + event.text.length <= entry.content.length) {
     return; // already in what was fetched
@@ -279,13 +364,39 @@ function applyChat(event) {
   chatLog.scrollTop = chatLog.scrollHeight;
 }
 
+// Who watches and who has control: fetched anew whenever someone opens or closes a relay here.
+const watchers = document.getElementById("watchers");
+async function loadWatchers() {
+  const response = await fetch(watchers.dataset.url, { credentials: "same-origin" });
+  if (response.ok) watchers.innerHTML = await response.text();
+}
+
 const chatStream = new EventSource(`/events/w/${root.dataset.workspace}/`);
 chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.data)));
-// On every (re)connection, catch up with what was said meanwhile.
-chatStream.addEventListener("open", loadChat);
+chatStream.addEventListener("desktop", (message) => {
+  const event = JSON.parse(message.data);
+  if (event.desktop_id !== desktopId) return;
+  const was = stateBadge.textContent;
+  applyState(event.state);
+  if (event.state === "running" && was !== "running") connect(); // back: no need to wait for the next look
+});
+chatStream.addEventListener("watchers", (message) => {
+  if (JSON.parse(message.data).desktop_id === desktopId) loadWatchers();
+});
+// On every (re)connection, catch up with what was said and who came meanwhile.
+chatStream.addEventListener("open", () => {
+  loadChat();
+  loadWatchers();
+});
 
 const chatForm = document.getElementById("chat-form");
 if (chatForm) {
+  // Enter sends, Shift+Enter starts a new line (and Enter while composing an accent is the IME's).
+  document.getElementById("chat-text").addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    event.preventDefault();
+    chatForm.requestSubmit();
+  });
   chatForm.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = document.getElementById("chat-text");

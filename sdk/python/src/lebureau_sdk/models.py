@@ -93,6 +93,15 @@ class ExecResult:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentFailure:
+    """Why an agent's turn failed, in words (`kind` is stable, `message` is for a person)."""
+
+    kind: str
+    message: str
+    fix_url: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     id: str
     author: str
@@ -104,6 +113,7 @@ class ChatMessage:
     input_tokens: int
     output_tokens: int
     model_requests: int
+    failure: AgentFailure | None
 
     @property
     def finished(self) -> bool:
@@ -214,6 +224,11 @@ class LLMKey:
     last4: str
     created_at: datetime
     updated_at: datetime
+    # What the provider answered when asked from a running desktop: "" (not yet), accepted, refused,
+    # unreachable, answered (another status, in check_detail).
+    verdict: str
+    check_detail: str
+    checked_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,54 @@
+"""Every page, checked by axe-core (the accessibility engine, from npm) in real Chromium: no serious or
+critical violation, signed in or not, at a desktop's width and at a phone's."""
+
+from pathlib import Path
+
+import pytest
+
+from desktops.models import DesktopState, Role
+from tests.e2e.conftest import log_in
+from tests.factories import DesktopFactory, MembershipFactory, api_key_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+AXE = Path(__file__).resolve().parents[2] / "node_modules" / "axe-core" / "axe.min.js"
+SERIOUS = ("serious", "critical")
+
+
+def violations(page) -> list[str]:
+    page.add_script_tag(path=str(AXE))
+    found = page.evaluate("axe.run(document).then(r => r.violations)")
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
+        for v in found
+        if v["impact"] in SERIOUS
+    ]
+
+
+@pytest.mark.skipif(not AXE.is_file(), reason="axe-core is not installed (npm ci installs it)")
+@pytest.mark.parametrize("width", [1440, 390])
+def test_no_page_has_a_serious_accessibility_violation(browser, site, workspace, plan, width):
+    # The pages' content security policy would refuse axe's script, injected inline.
+    context = browser.new_context(
+        bypass_csp=True, viewport={"width": width, "height": 900 if width > 800 else 844}
+    )
+    page = context.new_page()
+    owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="a11y-desk")
+    api_key_for(owner)
+    found = {}
+    for path in ("/", "/accounts/login/", "/accounts/signup/", "/pricing/"):
+        page.goto(f"{site}{path}")
+        found[path] = violations(page)
+    log_in(page, site, owner.user.email)
+    for path in (
+        f"/w/{workspace.id}/desktops/",
+        f"/w/{workspace.id}/settings/",
+        f"/w/{workspace.id}/costs/",
+        f"/w/{workspace.id}/audit/",
+        f"/desktops/{desktop.id}/",
+    ):
+        page.goto(f"{site}{path}")
+        found[path] = violations(page)
+    context.close()
+    assert {path: v for path, v in found.items() if v} == {}

@@ -1,0 +1,140 @@
+"""Mission Control's pages in use, in real Chromium: what a person expects of them beyond their data.
+
+The desktops here are rows only (no engine runs them): these tests are about the pages themselves.
+"""
+
+import pytest
+from playwright.sync_api import expect
+
+from desktops.models import ApiKey, ChatMessage, DesktopState, Role
+from tests.e2e.conftest import log_in, screenshot
+from tests.factories import DesktopFactory, MembershipFactory, api_key_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+
+def test_the_viewers_tabs_take_the_chats_place_and_enter_sends(page, site, workspace, plan):
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="tabs-desk")
+    desktop.events.create(from_state="starting", to_state="running", actor="test")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    log_in(page, site, member.user.email)
+    page.goto(f"{site}/desktops/{desktop.id}/")
+
+    # The other tabs take the chat's place, not a place under its Send button.
+    page.click("[data-tab=timeline-panel]")
+    expect(page.locator("#chat-panel")).to_be_hidden()
+    expect(page.locator("#timeline-panel")).to_be_visible()
+    page.click("[data-tab=details-panel]")
+    expect(page.locator("#timeline-panel")).to_be_hidden()
+    page.click("[data-tab=chat-panel]")
+    expect(page.locator("#chat-panel")).to_be_visible()
+
+    # Enter sends; Shift+Enter makes a new line.
+    page.click("#chat-text")
+    page.keyboard.type("Première ligne")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("seconde ligne")
+    expect(page.locator("#chat-text")).to_have_value("Première ligne\nseconde ligne")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chat-log li.operator")).to_have_text("Première ligne\nseconde ligne")
+    expect(page.locator("#chat-text")).to_have_value("")
+    assert (
+        ChatMessage.objects.get(desktop=desktop, author="operator").content == "Première ligne\nseconde ligne"
+    )
+    screenshot(page, "pages-01-chat-enter")
+
+
+def test_destroying_and_revoking_name_what_they_lose_and_can_be_called_off(page, site, workspace, plan):
+    owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
+    for name in ("alpha", "beta", "gamma"):
+        DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name=name)
+    api_key_for(owner)
+    key = ApiKey.objects.get(workspace=workspace)
+    log_in(page, site, owner.user.email)
+    questions = []
+
+    def answer(dialog):
+        questions.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", answer)
+    page.check("input[data-name=alpha]")
+    page.check("input[data-name=gamma]")
+    page.click("button[value=destroy]")
+    assert "alpha, gamma" in questions[-1] and "beta" not in questions[-1] and "Type 2" in questions[-1]
+    expect(page.locator("tr", has_text="alpha").locator("[data-field=state]")).to_have_text("stopped")
+
+    page.goto(f"{site}/w/{workspace.id}/settings/")
+    page.click("text=Revoke")
+    assert key.name in questions[-1] and key.prefix in questions[-1]
+    page.wait_for_timeout(300)
+    assert ApiKey.objects.get(id=key.id).revoked_at is None  # called off: nothing revoked
+    page.remove_listener("dialog", answer)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.click("text=Revoke")
+    expect(page.locator(".messages")).to_contain_text("API key revoked")
+    assert ApiKey.objects.get(id=key.id).revoked_at is not None
+
+
+def test_a_filter_with_no_match_says_so(page, site, workspace, plan):
+    DesktopFactory(workspace=workspace, name="alpha")
+    member = MembershipFactory(workspace=workspace, role=Role.VIEWER)
+    log_in(page, site, member.user.email)
+    page.goto(f"{site}/w/{workspace.id}/desktops/?q=zeta")
+    expect(page.locator("#desktop-rows")).to_contain_text("No desktop matches these filters.")
+    page.click("text=Show them all")
+    expect(page.locator("#desktop-rows")).to_contain_text("alpha")
+
+
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
+def test_the_pages_fit_the_window(page, site, workspace, plan, width, height):
+    owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
+    DesktopFactory(workspace=workspace, name="a-desktop-with-a-rather-long-name")
+    api_key_for(owner)
+    log_in(page, site, owner.user.email)
+    page.set_viewport_size({"width": width, "height": height})
+    for name, path in (("desktops", "desktops"), ("settings", "settings"), ("costs", "costs")):
+        page.goto(f"{site}/w/{workspace.id}/{path}/")
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        screenshot(page, f"pages-{name}-{width}")
+        assert overflow <= 0, f"{name} is {overflow} px wider than a {width} px window"
+
+
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
+def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, width, height):
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="bureau-fr")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    context = browser.new_context(locale="fr-FR", viewport={"width": width, "height": height})
+    page = context.new_page()
+    try:
+        log_in(page, site, member.user.email)
+        expect(page.locator("h1")).to_have_text("Bureaux")
+        expect(page.locator("#fleet-summary")).to_contain_text("ce mois-ci jusqu'à présent")
+        expect(page.locator("#live")).to_have_text("en direct", timeout=10000)
+        screenshot(page, f"fr-desktops-{width}")
+        page.goto(f"{site}/desktops/{desktop.id}/")
+        expect(page.locator("#not-running")).to_contain_text("Le bureau n'est pas en marche")
+        expect(page.locator("[data-action=start]")).to_have_text("Démarrer")
+        expect(page.locator("#chat-log")).to_contain_text("Aucun message pour l'instant.")
+        expect(page.locator("#screen-status")).to_contain_text("reviennent quand il tourne de nouveau")
+        screenshot(page, f"fr-viewer-{width}")
+    finally:
+        context.close()
+
+
+def test_a_new_api_key_is_copied_in_one_click(browser, site, workspace, plan):
+    admin = MembershipFactory(workspace=workspace, role=Role.ADMIN)
+    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    try:
+        log_in(page, site, admin.user.email)
+        page.goto(f"{site}/w/{workspace.id}/settings/")
+        form = page.locator(f"form[action='/w/{workspace.id}/keys/new/']")
+        form.locator("input[name=name]").fill("ci")
+        form.locator("button").click()
+        token = page.locator("#new-token").inner_text().strip()
+        page.click("[data-copy=new-token]")
+        expect(page.locator("[data-copy=new-token]")).to_have_text("Copied")
+        assert page.evaluate("navigator.clipboard.readText()") == token and token.startswith("lb_")
+    finally:
+        context.close()
