@@ -7,6 +7,7 @@ from datetime import date, datetime
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -174,13 +175,31 @@ def month_costs(*, workspace: Workspace, month: date) -> MonthCosts:
 
 def spend_this_month(workspace: Workspace) -> Decimal:
     """What the workspace's fleet has spent this month so far, models included."""
-    return costs_month_to_date(workspace=workspace)[0]
-
-
-def costs_month_to_date(*, workspace: Workspace) -> tuple[Decimal, dict[str, Decimal]]:
-    """The fleet's spend this month so far, in all and per desktop (for the fleet's list)."""
     measured, _ = _measure(workspace.desktops.all(), workspace, this_month(), timezone.now())
-    return Meter.sum(d.meter for d in measured).total, {d.desktop.id: d.meter.total for d in measured}
+    return Meter.sum(d.meter for d in measured).total
+
+
+# Measuring a thousand desktops' month takes longer than a page should: pages show a figure at most
+# this old (quotas and caps always measure anew).
+SPEND_SHOWN_FOR = 60
+
+
+def spend_this_month_shown(workspace: Workspace) -> Decimal:
+    """The fleet's spend this month so far, for the pages: measured at most once a minute."""
+    key = f"billing.spend:{workspace.id}:{this_month()}"
+    spent = cache.get(key)
+    if spent is None:
+        spent = spend_this_month(workspace)
+        cache.set(key, spent, SPEND_SHOWN_FOR)
+    return spent
+
+
+def costs_month_to_date(*, workspace: Workspace, desktop_ids: list[str]) -> dict[str, Decimal]:
+    """Each of these desktops' spend this month so far, for the fleet list."""
+    measured, _ = _measure(
+        workspace.desktops.filter(id__in=desktop_ids), workspace, this_month(), timezone.now()
+    )
+    return {d.desktop.id: d.meter.total for d in measured}
 
 
 def _billable(tier: Tier, platform: Decimal) -> Decimal:

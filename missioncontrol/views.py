@@ -36,6 +36,7 @@ from billing.selectors import (
     plan_prices,
     quota_of,
     spend_alerts_this_month,
+    spend_this_month_shown,
     tier_list,
 )
 from desktops import approvals, egress, schedules, selectors, services, webhooks
@@ -185,7 +186,8 @@ def desktops(request, new_form=None):
     if state == forms.FAILING:
         rows = rows.filter(selectors.FAILING)
     rows = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
-    spent, costs = costs_month_to_date(workspace=request.workspace)
+    spent = spend_this_month_shown(request.workspace)
+    costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
     waiting = approvals.approvals_waiting_by_desktop(desktop_ids=[d.id for d in rows])
     for desktop in rows:
         desktop.waiting_approvals = waiting.get(desktop.id, 0)
