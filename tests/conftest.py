@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -199,6 +200,25 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
 
 def node_answers(node: str) -> bool:
     return workers_answering(celery_app, f"{node}@")
+
+
+def wait_for_idle_lifecycle_worker(timeout: float = 60) -> None:
+    """Until the suite's lifecycle worker has nothing under way, queued or due later (retries): what a
+    test set off must not be writing while the next test's database is being emptied."""
+    deadline = time.monotonic() + timeout
+    while True:
+        inspect = celery_app.control.inspect(destination=None, timeout=0.5)
+        work = [
+            task
+            for found in (inspect.active(), inspect.reserved(), inspect.scheduled())
+            for node, tasks in (found or {}).items()
+            if node.startswith(f"{LIFECYCLE_NODE}@")
+            for task in tasks
+        ]
+        if not work:
+            return
+        assert time.monotonic() < deadline, f"the lifecycle worker is still busy: {work}"
+        time.sleep(0.2)
 
 
 @contextmanager

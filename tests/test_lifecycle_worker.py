@@ -16,7 +16,14 @@ from django.utils import timezone
 from desktops import lifecycle
 from desktops.models import AuditEvent, Desktop, DesktopEvent, Role
 from lebureau.celery import app as celery_app
-from tests.conftest import LIFECYCLE_NODE, TEST_QUEUE, client_for, node_answers, service_env
+from tests.conftest import (
+    LIFECYCLE_NODE,
+    TEST_QUEUE,
+    client_for,
+    node_answers,
+    service_env,
+    wait_for_idle_lifecycle_worker,
+)
 from tests.factories import DesktopFactory, SubscriptionFactory, api_key_for
 from tests.support.desktops import act, wait_for_state
 from tests.support.services import service_process
@@ -206,6 +213,7 @@ def test_after_a_host_restart_reconcile_starts_running_desktops_again(api, drive
     assert list(events.values_list("to_state", flat=True))[-3:] == ["running", "starting", "running"]
     stopped = Desktop.objects.get(id=suspended)
     assert stopped.state == "stopped" and "memory" in stopped.events.order_by("created_at").last().reason
+    wait_for_idle_lifecycle_worker()  # the restarted desktop's agent configuration, retried meanwhile
 
 
 def stuck_in(workspace, driver, state: str, instance: InstanceState | None) -> Desktop:

@@ -71,14 +71,17 @@ def test_files_survive_stop_and_suspend_but_not_destroy(lxc_api):
     assert run(again, "test -e ~/work.txt || echo gone").strip() == "gone"
 
 
-def test_a_desktop_that_vanishes_is_found_by_reconcile(lxc_api):
+def test_a_desktop_stopped_behind_our_back_is_started_again_by_reconcile(lxc_api):
+    """As after a restart of the host: the container is gone from memory, the desktop comes back."""
     from desktops import lifecycle
 
-    desktop = provision(lxc_api, "vanishing")
+    desktop = provision(lxc_api, "rebooted")
     subprocess.run(["lxc-stop", "-k", "-P", LXC_TEST_SETTINGS["LXC_PATH"], "-n", desktop.id], check=True)
     time.sleep(0.5)
     report = lifecycle.reconcile()
-    assert desktop.id in report["drift"]
+    assert report["restarted"] == [desktop.id]
+    desktop = wait_for_state(desktop.id, "running", timeout=60)
+    assert run(desktop, "echo back").strip() == "back"
 
 
 def test_chat_runs_the_agent_command_in_the_desktop(lxc_api, workspace):
