@@ -215,27 +215,9 @@ def workspace_egress_set(
     *, actor: Actor, workspace_id: str, mode: str, entries: list[str], allow_llm_providers: bool
 ) -> Egress:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    mode, entries = _mode_checked(mode), entries_checked(entries)
+    policy = {"mode": mode, "entries": entries, "allow_llm_providers": allow_llm_providers}
     with transaction.atomic():
-        EgressPolicy.objects.update_or_create(
-            workspace=workspace,
-            desktop=None,
-            defaults={
-                "mode": mode,
-                "entries": entries,
-                "allow_llm_providers": allow_llm_providers,
-                "updated_by": actor.user,
-            },
-        )
-        audit_record(
-            actor=actor,
-            action="workspace.egress",
-            workspace_id=workspace.id,
-            target=workspace.id,
-            mode=mode,
-            entries=entries,
-            allowLlmProviders=allow_llm_providers,
-        )
+        _policy_save(actor, "workspace.egress", workspace.id, workspace.id, {"desktop": None}, policy)
         workspace_egress_apply(workspace_id=workspace.id)
     return egress_of_workspace(workspace=workspace)
 
@@ -245,29 +227,38 @@ def desktop_egress_set(
 ) -> Egress:
     """The desktop's own policy, in place of its workspace's."""
     desktop = desktop_get(actor=actor, desktop_id=desktop_id, minimum=Role.ADMIN)
-    mode, entries = _mode_checked(mode), entries_checked(entries)
+    policy = {"mode": mode, "entries": entries, "allow_llm_providers": allow_llm_providers}
     with transaction.atomic():
-        EgressPolicy.objects.update_or_create(
-            desktop=desktop,
-            defaults={
-                "workspace_id": desktop.workspace_id,
-                "mode": mode,
-                "entries": entries,
-                "allow_llm_providers": allow_llm_providers,
-                "updated_by": actor.user,
-            },
-        )
-        audit_record(
-            actor=actor,
-            action="desktop.egress",
-            workspace_id=desktop.workspace_id,
-            target=desktop.id,
-            mode=mode,
-            entries=entries,
-            allowLlmProviders=allow_llm_providers,
-        )
+        _policy_save(actor, "desktop.egress", desktop.workspace_id, desktop.id, {"desktop": desktop}, policy)
         enqueue(DESKTOP_EGRESS_APPLY, desktop_id=desktop.id)
     return egress_of_desktop(desktop=desktop)
+
+
+def _policy_save(
+    actor: Actor, action: str, workspace_id: str, target: str, whose: dict, policy: dict
+) -> None:
+    """Store a workspace's (`whose` names no desktop) or a desktop's policy, checked, and audit it."""
+    mode, entries = _mode_checked(policy["mode"]), entries_checked(policy["entries"])
+    allow_llm_providers = policy["allow_llm_providers"]
+    EgressPolicy.objects.update_or_create(
+        workspace_id=workspace_id,
+        **whose,
+        defaults={
+            "mode": mode,
+            "entries": entries,
+            "allow_llm_providers": allow_llm_providers,
+            "updated_by": actor.user,
+        },
+    )
+    audit_record(
+        actor=actor,
+        action=action,
+        workspace_id=workspace_id,
+        target=target,
+        mode=mode,
+        entries=entries,
+        allowLlmProviders=allow_llm_providers,
+    )
 
 
 def desktop_egress_inherit(*, actor: Actor, desktop_id: str) -> Egress:
