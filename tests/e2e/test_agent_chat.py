@@ -50,7 +50,7 @@ def test_a_task_in_the_chat_pane_is_done_and_its_answer_streams_in(
     words = [f"step{i}" for i in range(24)]
     scripted_model.script(
         ToolCall("exec", {"command": "echo from-the-chat > /home/agent/chat-proof.txt"}),
-        Text(" ".join(words), pace=0.25),
+        Text(" ".join(words), pace=0.5),  # 12 s: time to see it half-written, even on a loaded machine
     )
 
     page.goto(f"{site}/desktops/{desktop.id}/")
@@ -61,9 +61,13 @@ def test_a_task_in_the_chat_pane_is_done_and_its_answer_streams_in(
     expect(answer).to_contain_text("step3", timeout=120000)
     reply = ChatMessage.objects.filter(desktop=desktop, author="agent").get()
     assert reply.status == "running" and "step23" not in answer.inner_text()
+    # While it runs, the person may stop it.
+    expect(answer.locator("button.stop-turn")).to_be_visible()
     screenshot(page, "agent-02-streaming")
     expect(answer).to_contain_text("step23", timeout=30000)
     expect(answer).not_to_have_class("pending", timeout=10000)
+    # Once answered, there is nothing left to stop.
+    expect(answer.locator("button.stop-turn")).to_have_count(0, timeout=10000)
     assert answer.inner_text().strip() == " ".join(words)
     screenshot(page, "agent-03-answered")
     assert run(desktop, "cat ~/chat-proof.txt").strip() == "from-the-chat"
