@@ -167,6 +167,9 @@ def test_destroy_during_provision_leaves_nothing_behind(api, driver):
 def test_reconcile_reports_orphans_and_vanished_desktops(api, driver):
     desktop_id = create(api, "will-vanish")
     wait_for_state(desktop_id, "running")
+    # The work that follows a provision (the egress policy, the agent's configuration) rewrites the
+    # instance: it must be over before the instance vanishes, or it brings it back.
+    wait_for_idle_lifecycle_worker()
     driver.vanish(desktop_id)
     driver.plant("dsk_orphan0000000000")
     report = lifecycle.reconcile()
