@@ -275,11 +275,7 @@ def fleet_action(request):
 @login_required
 def desktop(request, desktop_id):
     """The viewer (screen, terminal, chat), the timeline and the resources of one desktop."""
-    actor = Actor.from_request(request)
-    try:
-        found = selectors.desktop_get(actor=actor, desktop_id=desktop_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    actor, found = _desktop_of(request, desktop_id)
     request.actor, request.workspace = actor, found.workspace
     request.role = selectors.role_in(actor=actor, workspace_id=found.workspace_id)
     return page(
@@ -365,12 +361,17 @@ def _schedules_of(desktop):
     return rows
 
 
-def _desktop_of(request, desktop_id):
+def _found(request, get, **ids):
+    """The signed-in person and what `get` finds for them, or a 404 (never a hint it exists)."""
     actor = Actor.from_request(request)
     try:
-        return actor, selectors.desktop_get(actor=actor, desktop_id=desktop_id)
+        return actor, get(actor=actor, **ids)
     except NotFound as exc:
         raise Http404(exc.message) from exc
+
+
+def _desktop_of(request, desktop_id):
+    return _found(request, selectors.desktop_get, desktop_id=desktop_id)
 
 
 @require_POST
@@ -403,11 +404,7 @@ def schedule_new(request, desktop_id):
 @login_required
 def schedule_change(request, schedule_id):
     """Pause, resume or delete a schedule, from its desktop's page."""
-    actor = Actor.from_request(request)
-    try:
-        schedule = selectors.schedule_get(actor=actor, schedule_id=schedule_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    actor, schedule = _found(request, selectors.schedule_get, schedule_id=schedule_id)
     change = request.POST.get("change")
     if change == "delete":
         attempt(
@@ -458,11 +455,7 @@ def approval_queue(request):
 @login_required
 def approval_decide(request, approval_id):
     """Approve or deny, with a comment, from the queue; back to where it was answered from."""
-    actor = Actor.from_request(request)
-    try:
-        approval = approvals.approval_get(actor=actor, approval_id=approval_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
+    actor, approval = _found(request, approvals.approval_get, approval_id=approval_id)
     approve = request.POST.get("decision") == "approve"
     attempt(
         request,
