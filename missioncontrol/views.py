@@ -29,14 +29,13 @@ from billing.selectors import (
     agent_model,
     agent_usage_of_desktop,
     agent_usage_of_workspace,
-    costs_month_to_date,
     costs_of_desktop,
     costs_of_workspace,
+    fleet_spend_shown,
     model_price_list,
     plan_prices,
     quota_of,
     spend_alerts_this_month,
-    spend_this_month_shown,
     tier_list,
 )
 from desktops import approvals, egress, schedules, selectors, services, webhooks
@@ -186,19 +185,18 @@ def desktops(request, new_form=None):
     if state == forms.FAILING:
         rows = rows.filter(selectors.FAILING)
     rows = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
-    spent = spend_this_month_shown(request.workspace)
-    costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
+    spend = fleet_spend_shown(request.workspace)
     waiting = approvals.approvals_waiting_by_desktop(desktop_ids=[d.id for d in rows])
     for desktop in rows:
         desktop.waiting_approvals = waiting.get(desktop.id, 0)
-        desktop.cost = costs.get(desktop.id, 0)
+        desktop.cost = spend.by_desktop.get(desktop.id, 0)
         desktop.failure = failure_of(desktop.outcome_detail) if desktop.outcome == "error" else None
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     return page(
         request,
         "missioncontrol/desktops.html",
         summary=selectors.fleet_summary(workspace=request.workspace),
-        spent=spent,
+        spent=spend.total,
         desktops=rows,
         filters=filters,
         filtered=any(filters.cleaned_data.values()),
