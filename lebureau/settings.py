@@ -127,6 +127,10 @@ TEMPLATES = [
 
 DATABASES = {"default": env.dj_db_url("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lebureau")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", 60)
+# A connection kept between requests or tasks, or lent by the pool, may have been cut meanwhile
+# (PostgreSQL restarted): it is tried before its first use and replaced if dead, rather than failing
+# that request or task.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # The web server runs each request in a thread of its own: without a pool, a burst of requests opens
 # as many connections and PostgreSQL refuses the ones past max_connections (a 500 each). With a pool
 # (the Procfile's web process sets it), requests wait their turn for one of at most this many.

@@ -8,6 +8,7 @@ import paramiko
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db import OperationalError
 from django.utils.translation import gettext as _
 
 from billing import services as billing
@@ -96,7 +97,9 @@ def _step_task(action: str):
         bind=True,
         action=action,
         acks_late=True,
-        autoretry_for=(TransientDriverError,),
+        # OperationalError: the database cut off for a moment (PostgreSQL restarted): the step is
+        # carried out again on a new connection, harmlessly as a redelivered one (`desktop_run_step`).
+        autoretry_for=(TransientDriverError, OperationalError),
         retry_backoff=2,
         retry_backoff_max=settings.DRIVER_RETRY_BACKOFF_MAX,
         retry_jitter=True,
