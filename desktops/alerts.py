@@ -242,7 +242,8 @@ def _rate(desktop: Desktop, kind: str, value: float | None, now: datetime, count
     watch, _created = AlertWatch.objects.get_or_create(desktop=desktop, kind=kind)
     before = watch.reading
     watch.reading = {} if value is None else {"value": value, "at": now.isoformat()}
-    watch.save(update_fields=["reading"])
+    if watch.reading != before:  # a stopped desktop's evaluations write nothing
+        watch.save(update_fields=["reading"])
     if value is None or not before:
         return None
     seconds = (now - datetime.fromisoformat(before["at"])).total_seconds()
@@ -255,7 +256,7 @@ def _rate(desktop: Desktop, kind: str, value: float | None, now: datetime, count
 def _spell(desktop: Desktop, kind: str, holding: bool, now: datetime) -> datetime | None:
     """Since when the rule's condition has held without a break; None when it does not hold now."""
     if not holding:
-        AlertWatch.objects.filter(desktop=desktop, kind=kind).update(since=None)
+        AlertWatch.objects.filter(desktop=desktop, kind=kind, since__isnull=False).update(since=None)
         return None
     watch, _created = AlertWatch.objects.get_or_create(desktop=desktop, kind=kind)
     if watch.since is None:

@@ -76,6 +76,7 @@ def test_one_evaluation_runs_at_a_time(broken):
     with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"]) as other:
         other.execute("SELECT pg_advisory_lock(%s)", [alerts.EVALUATION_LOCK])
         assert alerts.alerts_evaluate() == {}
+        other.execute("SELECT pg_advisory_unlock(%s)", [alerts.EVALUATION_LOCK])
     assert alerts.alerts_evaluate() == {"error": 1}
 
 
