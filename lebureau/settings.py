@@ -283,6 +283,13 @@ CELERY_BEAT_SCHEDULE["approvals-expire"] = {
     "schedule": 30.0,
     "options": {"expires": 30.0},
 }
+# Alerts (desktops/alerts.py): their rules run over every live desktop this often.
+ALERTS_INTERVAL = env.float("ALERTS_INTERVAL", 30.0)
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
+    "task": "workers.tasks.alerts_evaluate",
+    "schedule": ALERTS_INTERVAL,
+    "options": {"expires": ALERTS_INTERVAL},
+}
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",
     "schedule": CHAT_STALE_AFTER / 2,

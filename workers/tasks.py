@@ -12,9 +12,21 @@ from django.db import OperationalError
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, approvals, chat, egress, engines, lifecycle, schedules, selectors, webhooks
+from desktops import (
+    agent_config,
+    alerts,
+    approvals,
+    chat,
+    egress,
+    engines,
+    lifecycle,
+    schedules,
+    selectors,
+    webhooks,
+)
 from desktops.engines import TransientDriverError
 from desktops.queue import (
+    ALERT_EMAIL,
     APPROVAL_EMAIL,
     CHAT_DELIVER,
     CHAT_STOP,
@@ -247,6 +259,25 @@ def approvals_expire() -> int:
 def approval_email(*, approval_id: str) -> int:
     """Tell the people who may answer a request for approval that it waits."""
     return approvals.approval_email(approval_id=approval_id)
+
+
+@shared_task(name="workers.tasks.alerts_evaluate", acks_late=True, soft_time_limit=120, time_limit=150)
+def alerts_evaluate() -> dict[str, int]:
+    """Beat: run the alert rules over every live desktop (and record their blocked egress attempts)."""
+    return alerts.alerts_evaluate()
+
+
+@shared_task(
+    name=ALERT_EMAIL,
+    acks_late=True,
+    autoretry_for=(OSError,),  # the mail server not answering
+    retry_backoff=5,
+    max_retries=5,
+    soft_time_limit=60,
+)
+def alert_email(*, alert_id: str) -> int:
+    """Tell the people who may take control of a desktop of an alert raised on it."""
+    return alerts.alert_email(alert_id=alert_id)
 
 
 @shared_task(
