@@ -37,3 +37,9 @@ class Unavailable(DomainError):
     """Something the request needs (an engine, a desktop's service) is not answering now."""
 
     status, code = 503, "unavailable"
+
+
+class TooLarge(DomainError):
+    """More than the plan lets through at once (a file, a folder)."""
+
+    status, code = 413, "too_large"

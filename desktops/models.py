@@ -107,6 +107,9 @@ class Plan(models.Model):
     memory_mib = models.PositiveIntegerField(validators=[MinValueValidator(256)])
     disk_gib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     monthly_price = models.DecimalField(max_digits=8, decimal_places=2, help_text="EUR per month")
+    transfer_max_mib = models.PositiveIntegerField(
+        default=1024, help_text="The largest file or folder moved into or out of a desktop at once, in MiB"
+    )
     is_active = models.BooleanField(default=True)
 
     class Meta:

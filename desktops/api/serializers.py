@@ -653,6 +653,16 @@ class MonthCostsSerializer(serializers.Serializer):
         return costs.model_price is not None
 
 
+class FilePathQuery(serializers.Serializer):
+    path = serializers.CharField(
+        max_length=4096, help_text="In the agent's home: relative to it, or absolute inside it"
+    )
+
+
+class FileWrittenSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="Where the file was written, absolute")
+
+
 class CostsQuery(serializers.Serializer):
     month = serializers.CharField(required=False, help_text="YYYY-MM; this month when not given")
 

@@ -3,8 +3,11 @@
 import shlex
 from collections.abc import Mapping
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.http import StreamingHttpResponse
+from django.utils.http import content_disposition_header
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -24,7 +27,7 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import alerts, approvals, bulk, chat, egress, schedules, selectors, services, webhooks
+from desktops import alerts, approvals, bulk, chat, egress, files, schedules, selectors, services, webhooks
 from desktops.api import serializers as s
 from desktops.audit import Actor
 from desktops.commands import desktop_exec
@@ -43,6 +46,20 @@ class BodyTooLarge(APIException):
 
 # What a 409 means where the services can answer one (desktops.errors.Conflict).
 NOT_NOW = OpenApiResponse(description=_("Not allowed in the current state"))
+TOO_LARGE = OpenApiResponse(description=_("More than the desktop's plan moves at once"))
+
+
+async def streamed(chunks):
+    """A download's chunks, each read in a thread as the client takes it: the web server streams
+    instead of gathering the whole file first (what it does with a plain iterator)."""
+    end = object()
+    try:
+        while (chunk := await sync_to_async(next, thread_sensitive=False)(chunks, end)) is not end:
+            yield chunk
+    finally:
+        await sync_to_async(chunks.close, thread_sensitive=False)()
+
+
 STEPS = ("start", "stop", "suspend", "resume")
 BULK_STEPS = (*STEPS, "destroy")
 
@@ -60,8 +77,10 @@ class ApiViewSet(viewsets.GenericViewSet):
         return Actor.from_request(self.request)
 
     def initial(self, request, *args, **kwargs):
-        # Refused before a byte of it is parsed: the API takes small JSON documents only.
-        if int(request.META.get("CONTENT_LENGTH") or 0) > settings.API_MAX_BODY_BYTES:
+        # Refused before a byte of it is parsed: the API takes small JSON documents only (an upload
+        # of a file into a desktop is held to its plan's size instead, and never parsed).
+        too_large = int(request.META.get("CONTENT_LENGTH") or 0) > settings.API_MAX_BODY_BYTES
+        if too_large and self.action != "files":
             raise BodyTooLarge
         super().initial(request, *args, **kwargs)
 
@@ -224,6 +243,39 @@ class DesktopViewSet(ApiViewSet):
         return Response(
             s.RelaySessionSerializer(tickets, context={"desktop_id": desktop.id}).data, status=201
         )
+
+    @extend_schema(
+        methods=["GET"],
+        parameters=[s.FilePathQuery],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 413: TOO_LARGE},
+    )
+    @extend_schema(
+        methods=["PUT"],
+        parameters=[s.FilePathQuery],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={201: s.FileWrittenSerializer, 413: TOO_LARGE},
+    )
+    @action(detail=True, methods=["get", "put"])
+    def files(self, request, pk):
+        """GET a file of the desktop (`?path=` in the agent's home), or a folder as a zip; PUT the request's
+        body as a file there, its folders made as needed. Needs the role that may take control."""
+        path = self.query(s.FilePathQuery)["path"]
+        if request.method == "PUT":
+            length = request.headers.get("Content-Length")
+            written = files.desktop_file_upload(
+                actor=self.actor,
+                desktop_id=pk,
+                path=path,
+                length=int(length) if length and length.isdigit() else None,
+                chunks=iter(lambda: request.read(files.CHUNK), b""),
+            )
+            return Response(s.FileWrittenSerializer({"path": written}).data, status=status.HTTP_201_CREATED)
+        download = files.desktop_file_download(actor=self.actor, desktop_id=pk, path=path)
+        response = StreamingHttpResponse(streamed(download.chunks), content_type=download.content_type)
+        response["Content-Disposition"] = content_disposition_header(True, download.name)
+        if download.size is not None:
+            response["Content-Length"] = str(download.size)
+        return response
 
     @extend_schema(responses=s.ChatMessageSerializer)
     @action(detail=True, methods=["get"], url_path=r"chat/(?P<message_id>msg_[a-z0-9]+)")

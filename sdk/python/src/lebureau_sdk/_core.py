@@ -61,6 +61,7 @@ class Call:
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
     returns: Any = None  # a model (decoded), `bytes`, `dict` (raw JSON) or None (no body)
+    content: bytes | None = None  # sent as the raw body instead of JSON (a file's bytes)
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,10 @@ def _delay(settings: Settings, attempt: int, response: httpx.Response) -> float:
 
 
 def _request(call: Call) -> dict[str, Any]:
-    return {"method": call.method, "url": call.path, "params": call.params, "json": call.json}
+    request = {"method": call.method, "url": call.path, "params": call.params}
+    if call.content is not None:
+        return {**request, "content": call.content, "headers": {"Content-Type": "application/octet-stream"}}
+    return {**request, "json": call.json}
 
 
 def _result(call: Call, response: httpx.Response) -> Any:

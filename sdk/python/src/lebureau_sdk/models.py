@@ -82,6 +82,11 @@ class LabelCount:
 
 
 @dataclass(frozen=True, slots=True)
+class FileWritten:
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class ExecResult:
     exit_code: int | None
     stdout: str

@@ -7,6 +7,7 @@ Adding an endpoint of the API is: declare its `Endpoint`, add a method that call
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -38,6 +39,8 @@ DESKTOP_EVENTS = Endpoint("GET", "/api/desktops/{desktop_id}/events", m.DesktopE
 DESKTOP_USAGE = Endpoint("GET", "/api/desktops/{desktop_id}/usage", m.AgentUsage)
 DESKTOP_COSTS = Endpoint("GET", "/api/desktops/{desktop_id}/costs", m.DesktopMonthCosts, query=("month",))
 DESKTOP_SESSIONS = Endpoint("POST", "/api/desktops/{desktop_id}/sessions", m.RelaySession, body=("mode",))
+DESKTOP_FILE_GET = Endpoint("GET", "/api/desktops/{desktop_id}/files", bytes, query=("path",))
+DESKTOP_FILE_PUT = Endpoint("PUT", "/api/desktops/{desktop_id}/files", m.FileWritten, query=("path",))
 DESKTOP_LABELS = Endpoint("POST", "/api/desktops/{desktop_id}/labels", m.Desktop, body=("add", "remove"))
 DESKTOP_EXEC = Endpoint(
     "POST", "/api/desktops/{desktop_id}/exec", m.ExecResult, body=("command", "argv", "timeout", "stdin")
@@ -233,6 +236,20 @@ class Desktops(Resource[M]):
     def blocked(self, desktop_id: str) -> Stream[m.BlockedAttempt]:
         """What the desktop tried to reach and its egress policy refused, the latest attempt first."""
         yield from pages(DESKTOP_BLOCKED.call(desktop_id=desktop_id))
+
+    @operation(DESKTOP_FILE_GET)
+    def download(self, desktop_id: str, path: str) -> Plan[bytes]:
+        """A file of the desktop (`path` in its agent's home), or a folder of it as a zip."""
+        return (yield DESKTOP_FILE_GET.call(desktop_id=desktop_id, path=path))
+
+    @operation(DESKTOP_FILE_PUT, local=("content",))
+    def upload(self, desktop_id: str, path: str, content: bytes) -> Plan[m.FileWritten]:
+        """Write `content` as a file of the desktop (`path` in its agent's home, folders made as needed)."""
+        return (
+            yield dataclasses.replace(
+                DESKTOP_FILE_PUT.call(desktop_id=desktop_id, path=path), content=content
+            )
+        )
 
     @operation(DESKTOP_EXEC)
     def exec(
