@@ -11,7 +11,18 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, approvals, chat, egress, engines, lifecycle, schedules, selectors, webhooks
+from desktops import (
+    agent_config,
+    approvals,
+    audit,
+    chat,
+    egress,
+    engines,
+    lifecycle,
+    schedules,
+    selectors,
+    webhooks,
+)
 from desktops.engines import TransientDriverError
 from desktops.queue import (
     APPROVAL_EMAIL,
@@ -231,6 +242,12 @@ def chat_resume() -> None:
 def approvals_expire() -> int:
     """Beat: refuse the requests for approval whose time is up."""
     return approvals.approvals_expire()
+
+
+@shared_task(name="workers.tasks.audit_prune", acks_late=True, soft_time_limit=1800, time_limit=1830)
+def audit_prune() -> int:
+    """Beat, when AUDIT_RETENTION_DAYS is set: prune the audit trail behind a signed checkpoint."""
+    return audit.audit_prune()
 
 
 @shared_task(

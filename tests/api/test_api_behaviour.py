@@ -6,6 +6,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from desktops import crypto
+from desktops.audit import SYSTEM, audit_record
 from desktops.models import ApiKey, AuditEvent, ChatMessage, Desktop, DesktopState, LLMKey, Role
 from tests.conftest import client_for
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, api_key_for
@@ -425,7 +426,7 @@ def test_an_outsiders_body_is_not_read_before_their_access_is_refused(members, w
 
 
 def test_audit_trail_is_append_only(db):
-    event = AuditEvent.objects.create(actor="system:test", action="test")
+    event = audit_record(actor=SYSTEM, action="test")
     with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():
         AuditEvent.objects.filter(id=event.id).update(action="forged")
     with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():
