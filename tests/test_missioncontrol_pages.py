@@ -6,7 +6,7 @@ from django.core import mail
 from desktops import approvals, services
 from desktops.audit import Actor
 from desktops.models import ApiKey, Approval, AuditEvent, DesktopState, Invitation, LLMKey, Role
-from tests.factories import DesktopFactory, MembershipFactory, UserFactory
+from tests.factories import DesktopFactory, MembershipFactory, UserFactory, audit_event
 
 
 def logged_in(client, membership):
@@ -209,11 +209,9 @@ def test_only_owners_delete_a_workspace_and_must_type_its_name(client, members, 
 
 def test_audit_log_filters_and_exports_csv(client, members, workspace, plan):
     desktop = DesktopFactory(workspace=workspace)
-    AuditEvent.objects.create(
-        actor="user:a@example.com", action="desktop.stop", workspace_id=workspace.id, target=desktop.id
-    )
-    AuditEvent.objects.create(actor="user:b@example.com", action="api_key.create", workspace_id=workspace.id)
-    AuditEvent.objects.create(actor="user:c@example.com", action="desktop.stop", workspace_id="ws_other")
+    audit_event(email="a@example.com", action="desktop.stop", workspace_id=workspace.id, target=desktop.id)
+    audit_event(email="b@example.com", action="api_key.create", workspace_id=workspace.id)
+    audit_event(email="c@example.com", action="desktop.stop", workspace_id="ws_other")
     logged_in(client, members[Role.ADMIN])
     page = client.get(f"/w/{workspace.id}/audit/?action=desktop.").content.decode()
     assert "a@example.com" in page and "b@example.com" not in page and "c@example.com" not in page
