@@ -24,6 +24,11 @@ class Role(models.TextChoices):
         return list(Role).index(self)
 
 
+def default_approval_commands() -> list[str]:
+    """What a new workspace's agents ask before running: publishing, clusters, infrastructure, root."""
+    return ["git push", "kubectl", "terraform apply", "sudo"]
+
+
 # OpenClaw's gateway, kept warm in the desktop, through the guest helper (a cold
 # `openclaw agent --local` per message spends ~15 s starting Node.js). `--message=` so that a
 # message starting with "-" is still taken as the message.
@@ -55,6 +60,9 @@ class Workspace(models.Model):
     approval_timeout = models.PositiveIntegerField(
         default=30 * 60, validators=[MinValueValidator(10)], help_text="Seconds a request for approval waits"
     )
+    # Commands the agent runs only once someone approved them: OpenClaw asks by itself, the agent need
+    # not remember to (desktops/agent_config.py). Patterns of words, e.g. "git push".
+    approval_commands = models.JSONField(default=default_approval_commands, blank=True)
     # Told of every request for approval and answer, signed with the workspace's webhook secret.
     approval_webhook_url = models.URLField(max_length=500, blank=True)
     webhook_secret_encrypted = models.TextField(blank=True)

@@ -261,7 +261,12 @@ def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
     client, members, workspace, settings
 ):
     settings.WEBHOOK_ALLOW_PRIVATE = True  # a receiver on loopback
-    policy = {"approval_role": "admin", "approval_timeout": "15", "webhook_url": "http://127.0.0.1:9/hook"}
+    policy = {
+        "approval_role": "admin",
+        "approval_timeout": "15",
+        "approval_commands": "git push\r\nhelm   upgrade\r\n\r\n",
+        "webhook_url": "http://127.0.0.1:9/hook",
+    }
     logged_in(client, members[Role.MEMBER])
     refused = client.post(f"/w/{workspace.id}/settings/approvals/", policy, follow=True).content.decode()
     assert "needs the admin role" in refused
@@ -271,9 +276,11 @@ def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
     client.post(f"/w/{workspace.id}/settings/approvals/", policy)
     workspace.refresh_from_db()
     assert (workspace.approval_role, workspace.approval_timeout) == ("admin", 900)
+    assert workspace.approval_commands == ["git push", "helm upgrade"]
     assert workspace.approval_webhook_url == "http://127.0.0.1:9/hook"
     shown = client.get(f"/w/{workspace.id}/settings/").content.decode()
     assert 'id="new-webhook-secret">whsec_' in shown
+    assert "git push\nhelm upgrade</textarea>" in shown
     assert "whsec_" not in client.get(f"/w/{workspace.id}/settings/").content.decode()
 
 

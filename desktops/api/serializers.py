@@ -274,9 +274,16 @@ class WorkspaceSerializer(serializers.ModelSerializer):
             "control_role",
             "approval_role",
             "approval_timeout",
+            "approval_commands",
             "created_at",
         ]
-        read_only_fields = ["agent_command", "control_role", "approval_role", "approval_timeout"]
+        read_only_fields = [
+            "agent_command",
+            "control_role",
+            "approval_role",
+            "approval_timeout",
+            "approval_commands",
+        ]
 
 
 class WorkspaceUpdateSerializer(serializers.Serializer):
@@ -299,6 +306,14 @@ class WorkspaceUpdateSerializer(serializers.Serializer):
     )
     approval_timeout = serializers.IntegerField(
         required=False, help_text="Seconds a request for approval waits, by default, before it is refused."
+    )
+    approval_commands = serializers.ListField(
+        child=serializers.CharField(allow_blank=True),
+        required=False,
+        help_text=(
+            "Commands the agent (OpenClaw) runs only once approved, as words: `git push` asks before "
+            "`cd repo && git push origin main`. Empty: it asks for none."
+        ),
     )
 
 

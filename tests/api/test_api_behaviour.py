@@ -329,6 +329,12 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
     # Stable per desktop, different between desktops.
     assert gateway["auth"]["token"] == gateway_token("dsk_abc") != gateway_token("dsk_xyz")
     assert "agents" not in openclaw_config(desktop_id="dsk_abc", keys=[])
+    # Our approvals plugin is loaded, and OpenClaw's exec policy set explicitly rather than defaulted.
+    assert config["plugins"] == {
+        "load": {"paths": ["~/.openclaw/bureau/bureau-approvals"]},
+        "entries": {"bureau-approvals": {"enabled": True}},
+    }
+    assert config["tools"]["exec"] == {"host": "gateway", "security": "full", "ask": "off"}
 
 
 # Workspaces and members

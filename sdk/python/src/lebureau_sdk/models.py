@@ -173,6 +173,7 @@ class Workspace:
     control_role: str
     approval_role: str
     approval_timeout: int
+    approval_commands: list[str]
     created_at: datetime
 
 

@@ -512,7 +512,7 @@ WORKSPACE_UPDATE = Endpoint(
     "PATCH",
     "/api/workspaces/{workspace_id}",
     m.Workspace,
-    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout"),
+    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout", "approval_commands"),
 )
 WORKSPACE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}")
 WEBHOOK = Endpoint("GET", "/api/workspaces/{workspace_id}/webhook", m.Webhook)
@@ -572,7 +572,9 @@ class Workspaces(Resource[M]):
         control_role: str | None = None,
         approval_role: str | None = None,
         approval_timeout: int | None = None,
+        approval_commands: list[str] | None = None,
     ) -> Plan[m.Workspace]:
+        """`approval_commands`: what the agent (OpenClaw) runs only once approved, e.g. ["git push"]."""
         call = WORKSPACE_UPDATE.call(
             workspace_id=workspace_id,
             name=name,
@@ -580,6 +582,7 @@ class Workspaces(Resource[M]):
             control_role=control_role,
             approval_role=approval_role,
             approval_timeout=approval_timeout,
+            approval_commands=approval_commands,
         )
         return (yield call)
 
