@@ -32,6 +32,7 @@ RESULTS = ROOT / "docs" / "benchmarks"
 BENCHES: dict[str, list[str]] = {
     "missioncontrol": ["bench/missioncontrol.py"],
     "approvals": ["bench/approvals.py"],
+    "audit": ["bench/audit.py"],
     "proxmox": ["bench/proxmox.py"],
     "provision_driver": ["bench/provision_driver.py"],
     "provision": ["bench/provision.py"],

@@ -11,6 +11,7 @@ import json
 import posixpath
 import shlex
 import uuid
+from pathlib import Path
 
 import paramiko
 from django.db import transaction
@@ -19,7 +20,7 @@ from django.utils.crypto import salted_hmac
 
 from desktops import crypto
 from desktops.guest import desktop_ssh_connect
-from desktops.models import Desktop, DesktopState, LLMKey, LLMProvider
+from desktops.models import Desktop, DesktopState, LLMKey, LLMProvider, Workspace
 
 GATEWAY_PORT = 18789
 # A model served inside the desktop on loopback by `bureau warmup` (image-build/guest/bureau), which
@@ -35,6 +36,20 @@ WARMUP_PROVIDER = {
 # Relative to the agent's home, where SFTP sessions start.
 CONFIG_DIR = ".openclaw"
 CONFIG_FILE = "openclaw.json"
+# Our OpenClaw plugin, which holds the commands the workspace's policy names until an operator approves
+# them, and that policy. A plugin directory with a manifest, not a lone file: the gateway loads only
+# those at its start (the manifest's `activation.onStartup`).
+PLUGIN_DIR = posixpath.join(CONFIG_DIR, "bureau")
+APPROVALS_PLUGIN_ID = "bureau-approvals"
+APPROVALS_PLUGIN = posixpath.join(PLUGIN_DIR, APPROVALS_PLUGIN_ID)
+APPROVALS_POLICY = posixpath.join(PLUGIN_DIR, "approvals.json")
+APPROVALS_PLUGIN_FILES = {
+    posixpath.join(APPROVALS_PLUGIN, source.name): source.read_bytes()
+    for source in sorted((Path(__file__).parent / "agent_plugins" / APPROVALS_PLUGIN_ID).iterdir())
+}
+# OpenClaw waits at most 600 s for the plugin's verdict on a tool call (and refuses the call then): a
+# request asked from there waits a little less, whatever the workspace's default.
+APPROVAL_WAIT_MAX = 570
 
 # Per provider: base URL, OpenClaw's API dialect, and the model used when the key names none.
 PROVIDERS = {
@@ -59,8 +74,17 @@ def provider_id(key: LLMKey) -> str:
     return key.id.replace("_", "-")
 
 
+def approvals_policy(workspace: Workspace) -> dict:
+    """What the approvals plugin in the desktop reads: the commands to hold, and how long to wait."""
+    return {
+        "commands": workspace.approval_commands,
+        "timeout": min(workspace.approval_timeout, APPROVAL_WAIT_MAX),
+    }
+
+
 def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
-    """OpenClaw's `openclaw.json` for one desktop: the warm gateway, one provider per key (newest first)."""
+    """OpenClaw's `openclaw.json` for one desktop: the warm gateway, one provider per key (newest first),
+    and our approvals plugin."""
     providers, models = {}, []
     for key in keys:
         base_url, api, fallback_model = PROVIDERS[key.provider]
@@ -80,9 +104,16 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
             "auth": {"mode": "token", "token": gateway_token(desktop_id)},
             "http": {"endpoints": {"chatCompletions": {"enabled": True}}},
         },
-        # The desktop is the agent's own machine: its commands run there without asking.
+        # The desktop is the agent's own machine: its commands run there without OpenClaw's own exec
+        # approvals (an allow-list of executables, which cannot say "git, but not git push"). Set
+        # explicitly, so a default that changes cannot change it; the workspace's policy is held by the
+        # approvals plugin instead.
         "tools": {"exec": {"host": "gateway", "security": "full", "ask": "off"}},
         "models": {"mode": "merge", "providers": {**WARMUP_PROVIDER, **providers}},
+        "plugins": {
+            "load": {"paths": [f"~/{APPROVALS_PLUGIN}"]},
+            "entries": {APPROVALS_PLUGIN_ID: {"enabled": True}},
+        },
     }
     if models:
         config["agents"] = {"defaults": {"model": {"primary": models[0], "fallbacks": models[1:]}}}
@@ -100,8 +131,18 @@ def desktop_agent_configure(*, desktop_id: str) -> bool:
         if desktop is None:
             return False
         keys = list(LLMKey.objects.filter(workspace_id=desktop.workspace_id).order_by("-created_at"))
-        content = json.dumps(openclaw_config(desktop_id=desktop.id, keys=keys), indent=2).encode()
-        _write_config(desktop, content)
+        workspace = Workspace.objects.get(id=desktop.workspace_id)
+        # The configuration last: the gateway reloads when it changes, and finds the plugin in place.
+        _write_files(
+            desktop,
+            {
+                **APPROVALS_PLUGIN_FILES,
+                APPROVALS_POLICY: json.dumps(approvals_policy(workspace), indent=2).encode(),
+                posixpath.join(CONFIG_DIR, CONFIG_FILE): json.dumps(
+                    openclaw_config(desktop_id=desktop.id, keys=keys), indent=2
+                ).encode(),
+            },
+        )
     return True
 
 
@@ -171,15 +212,18 @@ def llm_key_check(*, key_id: str) -> str | None:
     return verdict
 
 
-def _write_config(desktop: Desktop, content: bytes) -> None:
+def _write_files(desktop: Desktop, files: dict[str, bytes]) -> None:
+    """Write these files (paths relative to the agent's home), in order, each readable by the agent alone."""
     with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh, ssh.open_sftp() as sftp:
-        if CONFIG_DIR not in sftp.listdir("."):
-            sftp.mkdir(CONFIG_DIR, mode=0o700)
-        sftp.chmod(CONFIG_DIR, 0o700)
-        path = posixpath.join(CONFIG_DIR, CONFIG_FILE)
-        partial = f"{path}.{uuid.uuid4().hex}.partial"
-        with sftp.open(partial, "w") as f:
-            f.chmod(0o600)  # before a byte of it is written
-            f.write(content)
-        # One rename, so the runtime (which watches the file) never reads half of it.
-        sftp.posix_rename(partial, path)
+        for directory in (CONFIG_DIR, PLUGIN_DIR, APPROVALS_PLUGIN):
+            parent, name = posixpath.split(directory)
+            if name not in sftp.listdir(parent or "."):
+                sftp.mkdir(directory, mode=0o700)
+            sftp.chmod(directory, 0o700)
+        for path, content in files.items():
+            partial = f"{path}.{uuid.uuid4().hex}.partial"
+            with sftp.open(partial, "w") as f:
+                f.chmod(0o600)  # before a byte of it is written
+                f.write(content)
+            # One rename, so the runtime (which watches its files) never reads half of one.
+            sftp.posix_rename(partial, path)

@@ -27,7 +27,7 @@ from desktops.crypto import api_token_hash
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import ApprovalChanged, publish_approval_change
 from desktops.models import Approval, ChatMessage, Desktop, DesktopState, Role, Workspace
-from desktops.queue import APPROVAL_EMAIL, enqueue
+from desktops.queue import APPROVAL_EMAIL, WORKSPACE_AGENT_CONFIGURE, enqueue
 from desktops.selectors import member_emails, role_in, workspace_get, workspaces_visible
 from desktops.webhooks import webhook_notify
 
@@ -39,13 +39,24 @@ MAX_COMMENT = 2000
 MAX_TIMEOUT = 24 * 3600
 # Requests one desktop may have waiting at once: a runaway agent cannot flood its operators.
 MAX_PENDING = 20
+# The policy's command patterns ("git push"): how many, and how long each.
+MAX_COMMAND_PATTERNS = 50
+MAX_COMMAND_PATTERN = 100
 
 
 def approval_policy_set(
-    *, actor: Actor, workspace_id: str, role: str | None = None, timeout: int | None = None
+    *,
+    actor: Actor,
+    workspace_id: str,
+    role: str | None = None,
+    timeout: int | None = None,
+    commands: list[str] | None = None,
 ) -> Workspace:
-    """Who may answer the workspace's requests for approval, and how long a request waits by default."""
+    """Who may answer the workspace's requests for approval, how long a request waits by default, and
+    which commands the agents run only once approved (pushed to the desktops' agent runtime)."""
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
+    if commands is not None:
+        workspace.approval_commands = _command_patterns(commands)
     if role is not None:
         if role not in (Role.MEMBER, Role.ADMIN, Role.OWNER):
             message = _("Approvals go to members, admins or owners.")
@@ -56,7 +67,7 @@ def approval_policy_set(
             message = _("A request waits 10 to %(n)s seconds.") % {"n": MAX_TIMEOUT}
             raise Invalid(message, fields={"approvalTimeout": [message]})
         workspace.approval_timeout = timeout
-    workspace.save(update_fields=["approval_role", "approval_timeout"])
+    workspace.save(update_fields=["approval_role", "approval_timeout", "approval_commands"])
     audit_record(
         actor=actor,
         action="workspace.approval_policy",
@@ -64,8 +75,23 @@ def approval_policy_set(
         target=workspace.id,
         role=workspace.approval_role,
         timeout=workspace.approval_timeout,
+        commands=workspace.approval_commands,
     )
+    enqueue(WORKSPACE_AGENT_CONFIGURE, workspace_id=workspace.id)
     return workspace
+
+
+def _command_patterns(commands: list[str]) -> list[str]:
+    """Each pattern's words, once each, in the order given; blank lines dropped."""
+    patterns = list(dict.fromkeys(" ".join(c.split()) for c in commands if c.strip()))
+    message = None
+    if len(patterns) > MAX_COMMAND_PATTERNS:
+        message = _("At most %(n)s commands wait for an approval.") % {"n": MAX_COMMAND_PATTERNS}
+    elif any(len(p) > MAX_COMMAND_PATTERN for p in patterns):
+        message = _("A command pattern has %(n)s characters at most.") % {"n": MAX_COMMAND_PATTERN}
+    if message:
+        raise Invalid(message, fields={"approvalCommands": [message]})
+    return patterns
 
 
 def approval_digest(*, desktop_id: str, title: str, details: str, cwd: str) -> str:

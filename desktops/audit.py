@@ -1,11 +1,22 @@
-"""Who acts, and the append-only record of what they did."""
+"""Who acts, and the append-only, hash-chained record of what they did."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+from django.db.models import Min
+from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from desktops.middleware import current_request
-from desktops.models import ApiKey, AuditEvent
+from desktops.models import ApiKey, AuditChainHead, AuditCheckpoint, AuditEvent
 
 
 @dataclass(frozen=True)
@@ -43,14 +54,151 @@ SYSTEM = Actor(system="worker")
 def audit_record(
     *, actor: Actor, action: str, workspace_id: str = "", target: str = "", **detail
 ) -> AuditEvent:
-    """Write one audit event; callers pass ids and facts, never secrets."""
+    """Write one audit event, chained onto the one before it; callers pass ids and facts, never secrets.
+
+    The chain's head stays locked until the caller's transaction ends, so audited transactions take
+    their turn; one that rolls back takes its event and the head's move with it.
+    """
     context = current_request.get()
-    return AuditEvent.objects.create(
-        actor=actor.label,
-        workspace_id=workspace_id,
-        action=action,
-        target=target,
-        ip=context.ip,
-        request_id=context.request_id,
-        detail=detail,
-    )
+    with transaction.atomic():
+        head = _locked_head()
+        detail, ip = _as_stored(detail, context.ip)
+        event = AuditEvent(
+            seq=head.seq + 1,
+            at=timezone.now(),
+            actor=actor.label,
+            workspace_id=workspace_id,
+            action=action,
+            target=target,
+            ip=ip,
+            request_id=context.request_id,
+            detail=detail,
+            prev_hash=head.hash,
+        )
+        event.hash = event_digest(event)
+        event.save(force_insert=True)
+        head.seq, head.hash = event.seq, event.hash
+        head.save(update_fields=["seq", "hash"])
+    return event
+
+
+def event_digest(event) -> str:
+    """SHA-256 over everything an event says, and the hash of the event before it."""
+    fields = [
+        event.seq,
+        event.id,
+        event.at.astimezone(UTC).isoformat(timespec="microseconds"),
+        event.actor,
+        event.workspace_id,
+        event.action,
+        event.target,
+        event.ip or "",
+        event.request_id,
+        event.detail,
+        event.prev_hash,
+    ]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _locked_head() -> AuditChainHead:
+    head = AuditChainHead.objects.select_for_update().filter(pk=1).first()
+    if head is None:  # a new database: the first writer creates the head, the others wait on it
+        AuditChainHead.objects.bulk_create([AuditChainHead(pk=1)], ignore_conflicts=True)
+        head = AuditChainHead.objects.select_for_update().get(pk=1)
+    return head
+
+
+def _as_stored(detail: dict, ip: str | None) -> tuple[dict, str | None]:
+    """The detail and address as PostgreSQL will give them back (jsonb rewrites numbers, inet addresses),
+    so that the hash computed now is the one a verifier computes from the stored row."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb, %s::inet", [json.dumps(detail), ip])
+        stored_detail, stored_ip = cursor.fetchone()
+    return json.loads(stored_detail), stored_ip
+
+
+def _checkpoint_signature(*, seq: int, hash: str) -> str:
+    if not settings.AUDIT_CHECKPOINT_KEY:
+        raise ImproperlyConfigured("AUDIT_CHECKPOINT_KEY is needed to sign or check audit checkpoints")
+    message = f"{seq}:{hash}".encode()
+    return hmac.new(settings.AUDIT_CHECKPOINT_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+def audit_prune(*, now: datetime | None = None) -> int:
+    """Delete the events older than AUDIT_RETENTION_DAYS, leaving a signed checkpoint in their place.
+
+    Only a prefix of the chain goes (up to the first event still kept), so what stays verifies from
+    the checkpoint. Returns how many events went.
+    """
+    if not settings.AUDIT_RETENTION_DAYS:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=settings.AUDIT_RETENTION_DAYS)
+    with transaction.atomic():
+        head = _locked_head()
+        first_kept = AuditEvent.objects.filter(at__gte=cutoff).aggregate(seq=Min("seq"))["seq"]
+        last = AuditEvent.objects.filter(seq__lte=head.seq if first_kept is None else first_kept - 1)
+        last = last.order_by("-seq").first()
+        if last is None:
+            return 0
+        # The trigger lets DELETE through only for events a checkpoint covers: write it first.
+        AuditCheckpoint.objects.create(
+            seq=last.seq, hash=last.hash, signature=_checkpoint_signature(seq=last.seq, hash=last.hash)
+        )
+        pruned = AuditEvent.objects.filter(seq__lte=last.seq).delete()[0]
+        audit_record(actor=SYSTEM, action="audit.pruned", through=last.seq, events=pruned)
+    return pruned
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    checked: int
+    broken: ChainBreak | None
+
+
+def audit_chain_verify() -> ChainReport:
+    """Walk the chain from its latest checkpoint (or its start) to its head; the first broken link."""
+    # The head first: events appended while the walk runs lie beyond it and are left for next time.
+    head = AuditChainHead.objects.filter(pk=1).first()
+    checkpoint = AuditCheckpoint.objects.order_by("-seq").first()
+    seq, hash = 0, ""
+    if checkpoint is not None:
+        expected = _checkpoint_signature(seq=checkpoint.seq, hash=checkpoint.hash)
+        if not hmac.compare_digest(checkpoint.signature, expected):
+            reason = _("the checkpoint at event #%(seq)d is not signed with this platform's key")
+            return ChainReport(0, ChainBreak(checkpoint.seq, reason % {"seq": checkpoint.seq}))
+        seq, hash = checkpoint.seq, checkpoint.hash
+    if head is None:
+        if checkpoint is not None or AuditEvent.objects.exists():
+            return ChainReport(0, ChainBreak(seq + 1, _("the chain's head is missing")))
+        return ChainReport(0, None)
+    checked = 0
+    events = AuditEvent.objects.filter(seq__gt=seq, seq__lte=head.seq).order_by("seq")
+    for event in events.iterator(chunk_size=2000):
+        if event.seq != seq + 1:
+            reason = _("events #%(first)d to #%(last)d are missing") % {
+                "first": seq + 1,
+                "last": event.seq - 1,
+            }
+            return ChainReport(checked, ChainBreak(seq + 1, reason))
+        if event.prev_hash != hash:
+            reason = _("event #%(seq)d (%(id)s) does not follow the event before it")
+            return ChainReport(checked, ChainBreak(event.seq, reason % {"seq": event.seq, "id": event.id}))
+        if event_digest(event) != event.hash:
+            reason = _("event #%(seq)d (%(id)s) was altered after it was written")
+            return ChainReport(checked, ChainBreak(event.seq, reason % {"seq": event.seq, "id": event.id}))
+        seq, hash = event.seq, event.hash
+        checked += 1
+    if seq != head.seq:
+        reason = _("events #%(first)d to #%(last)d are missing") % {"first": seq + 1, "last": head.seq}
+        return ChainReport(checked, ChainBreak(seq + 1, reason))
+    if hash != head.hash:
+        reason = _("event #%(seq)d is not the one the chain's head records") % {"seq": seq}
+        return ChainReport(checked, ChainBreak(seq, reason))
+    return ChainReport(checked, None)

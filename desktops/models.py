@@ -2,6 +2,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from desktops.ids import PublicIdField
@@ -21,6 +22,11 @@ class Role(models.TextChoices):
     @property
     def rank(self) -> int:
         return list(Role).index(self)
+
+
+def default_approval_commands() -> list[str]:
+    """What a new workspace's agents ask before running: publishing, clusters, infrastructure, root."""
+    return ["git push", "kubectl", "terraform apply", "sudo"]
 
 
 # OpenClaw's gateway, kept warm in the desktop, through the guest helper (a cold
@@ -54,6 +60,9 @@ class Workspace(models.Model):
     approval_timeout = models.PositiveIntegerField(
         default=30 * 60, validators=[MinValueValidator(10)], help_text="Seconds a request for approval waits"
     )
+    # Commands the agent runs only once someone approved them: OpenClaw asks by itself, the agent need
+    # not remember to (desktops/agent_config.py). Patterns of words, e.g. "git push".
+    approval_commands = models.JSONField(default=default_approval_commands, blank=True)
     # Told of every request for approval and answer, signed with the workspace's webhook secret.
     approval_webhook_url = models.URLField(max_length=500, blank=True)
     webhook_secret_encrypted = models.TextField(blank=True)
@@ -280,13 +289,17 @@ class LLMKey(models.Model):
 
 
 class AuditEvent(models.Model):
-    """Append-only trail (a database trigger refuses UPDATE and DELETE).
+    """Append-only trail: a database trigger refuses UPDATE, and DELETE of events no checkpoint covers.
 
+    Each event carries the hash of the one before it (desktops/audit.py writes and verifies the chain).
     No foreign keys, so the trail outlives the users, keys and workspaces it names.
     """
 
     id = PublicIdField("aud")
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # Position in the chain, without gaps: a missing number is a deleted event.
+    seq = models.BigIntegerField(unique=True)
+    # Set when the event takes its place in the chain, so that the hash covers it.
+    at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.CharField(max_length=200)
     workspace_id = models.CharField(max_length=32, blank=True, db_index=True)
     action = models.CharField(max_length=60, db_index=True)
@@ -294,12 +307,40 @@ class AuditEvent(models.Model):
     ip = models.GenericIPAddressField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True)
     detail = models.JSONField(default=dict, blank=True)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64)
 
     class Meta:
         ordering = ["-at"]
 
     def __str__(self):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"
+
+
+class AuditChainHead(models.Model):
+    """The audit chain's last link, one row: each append locks it, so no two events chain onto the same one.
+
+    It also tells a verifier how long the chain is, so that deleting its newest events shows.
+    """
+
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, blank=True)
+
+    def __str__(self):
+        return f"#{self.seq} {self.hash}"
+
+
+class AuditCheckpoint(models.Model):
+    """Where a pruned audit trail starts: the last pruned event's place and hash, signed with
+    AUDIT_CHECKPOINT_KEY so that nobody without the key can declare events pruned (append-only too)."""
+
+    seq = models.BigIntegerField(unique=True)
+    hash = models.CharField(max_length=64)
+    at = models.DateTimeField(default=timezone.now)
+    signature = models.CharField(max_length=64)
+
+    def __str__(self):
+        return f"#{self.seq} {self.hash}"
 
 
 class ChatMessage(models.Model):

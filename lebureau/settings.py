@@ -290,6 +290,21 @@ CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
     "schedule": ALERTS_INTERVAL,
     "options": {"expires": ALERTS_INTERVAL},
 }
+
+# The audit trail: events older than this many days are pruned every AUDIT_PRUNE_INTERVAL seconds
+# (0 keeps them all), leaving a checkpoint signed with AUDIT_CHECKPOINT_KEY (HMAC-SHA256) from which
+# what remains still verifies (`manage.py audit_verify`).
+AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", 0, validate=validate.Range(min=0))
+AUDIT_CHECKPOINT_KEY = env.str("AUDIT_CHECKPOINT_KEY", "")
+AUDIT_PRUNE_INTERVAL = env.float("AUDIT_PRUNE_INTERVAL", 3600.0)
+if AUDIT_RETENTION_DAYS:
+    if not AUDIT_CHECKPOINT_KEY:
+        raise ImproperlyConfigured("AUDIT_RETENTION_DAYS needs AUDIT_CHECKPOINT_KEY to sign what it prunes")
+    CELERY_BEAT_SCHEDULE["audit-prune"] = {
+        "task": "workers.tasks.audit_prune",
+        "schedule": AUDIT_PRUNE_INTERVAL,
+        "options": {"expires": AUDIT_PRUNE_INTERVAL},
+    }
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",
     "schedule": CHAT_STALE_AFTER / 2,

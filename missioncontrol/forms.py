@@ -146,6 +146,11 @@ class ApprovalPolicyForm(forms.Form):
     approval_timeout = forms.IntegerField(
         min_value=1, max_value=24 * 60, label=_lazy("Minutes a request waits before it is refused")
     )
+    approval_commands = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        label=_lazy("Commands the agent runs only once approved (one a line, e.g. git push)"),
+    )
     webhook_url = forms.URLField(
         required=False, max_length=500, assume_scheme="https", label=_lazy("Webhook (requests and answers)")
     )

@@ -565,6 +565,7 @@ def settings_page(request, **bound):
             initial={
                 "approval_role": workspace.approval_role,
                 "approval_timeout": workspace.approval_timeout // 60,
+                "approval_commands": "\n".join(workspace.approval_commands),
                 "webhook_url": workspace.approval_webhook_url,
             }
         ),
@@ -621,6 +622,7 @@ def _approval_policy(request, data):
             workspace_id=request.workspace.id,
             role=data["approval_role"],
             timeout=data["approval_timeout"] * 60,
+            commands=data["approval_commands"].splitlines(),
         )
         _workspace, secret = webhooks.webhook_set(
             actor=request.actor,

@@ -5,7 +5,18 @@ from django.contrib.auth import get_user_model
 
 from billing.models import PlanPrice, Subscription, Tier
 from desktops import crypto
-from desktops.models import ApiKey, Desktop, DesktopEvent, DesktopState, Membership, Plan, Role, Workspace
+from desktops.audit import Actor, audit_record
+from desktops.models import (
+    ApiKey,
+    AuditEvent,
+    Desktop,
+    DesktopEvent,
+    DesktopState,
+    Membership,
+    Plan,
+    Role,
+    Workspace,
+)
 
 # Every factory-made user's password, for the tests that log in through the pages.
 PASSWORD = "correct horse battery staple"
@@ -116,3 +127,13 @@ def api_key_for(membership: Membership, scope: str = "write", **fields) -> str:
         **fields,
     )
     return token
+
+
+def audit_event(*, email: str, action: str, workspace_id: str, target: str = "") -> AuditEvent:
+    """An audit event by the person of that address, written as the platform writes them: chained."""
+    return audit_record(
+        actor=Actor(user=UserFactory.build(email=email)),
+        action=action,
+        workspace_id=workspace_id,
+        target=target,
+    )

@@ -2,6 +2,7 @@
 
 import pytest
 
+from desktops.audit import SYSTEM, audit_record
 from desktops.models import AuditEvent, DesktopState
 from tests.factories import DesktopFactory, UserFactory
 
@@ -35,5 +36,5 @@ def test_admin_pages_open(staff_client, page, plan):
 
 
 def test_audit_is_read_only_in_the_admin(staff_client):
-    event = AuditEvent.objects.create(actor="system:test", action="test")
+    event = audit_record(actor=SYSTEM, action="test")
     assert staff_client.post(f"/admin/desktops/auditevent/{event.id}/delete/").status_code == 403

@@ -15,7 +15,7 @@ import pytest
 import redis
 from celery.signals import before_task_publish
 
-from desktops.models import AuditEvent, ChatMessage, Role
+from desktops.models import Approval, AuditEvent, ChatMessage, Role
 from desktops.selectors import chat_content
 from lebureau.celery import app as celery_app
 from tests.conftest import (
@@ -27,6 +27,7 @@ from tests.conftest import (
     node_answers,
     service_env,
 )
+from tests.support.agent_loop import wait_for
 from tests.support.desktops import add_scripted_model_key as add_key
 from tests.support.desktops import provision, run
 from tests.support.scripted_model import Text, ToolCall
@@ -228,3 +229,68 @@ def test_a_turn_outlives_its_worker_and_the_next_message_waits(
     assert (first_answer.status, first_answer.content) == ("done", long_answer)
     assert (second_answer.status, second_answer.content) == ("done", "Second answer.")
     assert first_answer.completed_at < second_answer.completed_at
+
+
+def nothing_asked(desktop, scripted_model) -> str:
+    """Why no approval came: what the gateway logged of plugins, and what the model was last sent."""
+    log = run(desktop, "grep -h -i 'bureau-approvals\\|plugin\\|hook' /tmp/openclaw/*.log | tail -20 || true")
+    sent = scripted_model.requests[-1]["body"]["messages"] if scripted_model.requests else []
+    return (
+        f"OpenClaw asked nothing; its log says:\n{log}\nthe model was last sent: {json.dumps(sent)[-3000:]}"
+    )
+
+
+def test_a_command_the_policy_names_waits_for_an_operator_and_never_runs_when_denied(
+    lxc_api, admin_api, workspace, members, scripted_model, guest_endpoint
+):
+    from tests.conftest import api_key_for, client_for
+
+    add_key(admin_api, workspace, f"sk-scripted-{secrets.token_hex(12)}")
+    desktop = provision(lxc_api, "agent-asks", profile="full")
+    wait_for_config(desktop, containing="bureau-approvals")
+    policy = json.loads(run(desktop, "cat ~/.openclaw/bureau/approvals.json"))
+    assert policy == {"commands": ["git push", "kubectl", "terraform apply", "sudo"], "timeout": 570}
+
+    push = "cd /tmp && git push origin main 2>/dev/null; echo pushed >> /home/agent/pushed.txt"
+    scripted_model.script(
+        ToolCall("exec", {"command": "echo free > /home/agent/free.txt"}),
+        ToolCall("exec", {"command": push}),
+        Text("Pushed."),
+    )
+    turn = chat(lxc_api, desktop, "Publie la branche")
+    request = wait_for(
+        lambda: Approval.objects.filter(desktop=desktop, status="pending").first(),
+        lambda: nothing_asked(desktop, scripted_model),
+    )
+    # Asked by OpenClaw itself, for exactly that command, in that conversation; the agent asked nothing.
+    asked = json.loads(request.details)
+    assert request.title == push and (asked["command"], asked["rule"]) == (push, "git push")
+    assert asked["session"] == f"agent:main:{desktop.id}"  # the desktop's conversation
+    assert request.turn is not None and request.turn.desktop_id == desktop.id
+    # What the policy does not name ran without asking; what it names waits for a person.
+    assert run(desktop, "cat ~/free.txt").strip() == "free"
+    time.sleep(2)
+    assert run(desktop, "cat ~/pushed.txt 2>/dev/null || echo absent").strip() == "absent"
+    viewer = client_for(key=api_key_for(members[Role.VIEWER]))
+    assert viewer.post(f"/api/approvals/{request.id}/approve", {}, format="json").status_code in (403, 404)
+    assert run(desktop, "cat ~/pushed.txt 2>/dev/null || echo absent").strip() == "absent"
+
+    approved = lxc_api.post(f"/api/approvals/{request.id}/approve", {"comment": "Vas-y."}, format="json")
+    assert approved.status_code == 200, approved.content
+    assert answer_of(turn["id"]).content == "Pushed."
+    assert run(desktop, "cat ~/pushed.txt").strip() == "pushed"
+
+    # Denied: the command never runs, and the agent is told why.
+    scripted_model.script(ToolCall("exec", {"command": push}), Text("Not pushed."))
+    turn = chat(lxc_api, desktop, "Publie encore")
+    request = wait_for(
+        lambda: Approval.objects.filter(desktop=desktop, status="pending").first(), "OpenClaw asked nothing"
+    )
+    denied = lxc_api.post(f"/api/approvals/{request.id}/deny", {"comment": "Pas aujourd'hui."}, format="json")
+    assert denied.status_code == 200, denied.content
+    assert answer_of(turn["id"]).content == "Not pushed."
+    assert run(desktop, "cat ~/pushed.txt").strip() == "pushed"  # still the one line of the approved run
+    told = json.dumps(scripted_model.requests[-1]["body"]["messages"], ensure_ascii=False)
+    assert "An operator denied this command; it did not run." in told and "Pas aujourd'hui." in told
+    decided = AuditEvent.objects.get(action="approval.denied", detail__approval=request.id)
+    assert decided.detail["comment"] == "Pas aujourd'hui."

@@ -6,7 +6,7 @@ from django.core import mail
 from desktops import approvals, services
 from desktops.audit import Actor
 from desktops.models import ApiKey, Approval, AuditEvent, DesktopState, Invitation, LLMKey, Role
-from tests.factories import DesktopFactory, MembershipFactory, UserFactory
+from tests.factories import DesktopFactory, MembershipFactory, UserFactory, audit_event
 
 
 def logged_in(client, membership):
@@ -211,11 +211,9 @@ def test_only_owners_delete_a_workspace_and_must_type_its_name(client, members, 
 
 def test_audit_log_filters_and_exports_csv(client, members, workspace, plan):
     desktop = DesktopFactory(workspace=workspace)
-    AuditEvent.objects.create(
-        actor="user:a@example.com", action="desktop.stop", workspace_id=workspace.id, target=desktop.id
-    )
-    AuditEvent.objects.create(actor="user:b@example.com", action="api_key.create", workspace_id=workspace.id)
-    AuditEvent.objects.create(actor="user:c@example.com", action="desktop.stop", workspace_id="ws_other")
+    audit_event(email="a@example.com", action="desktop.stop", workspace_id=workspace.id, target=desktop.id)
+    audit_event(email="b@example.com", action="api_key.create", workspace_id=workspace.id)
+    audit_event(email="c@example.com", action="desktop.stop", workspace_id="ws_other")
     logged_in(client, members[Role.ADMIN])
     page = client.get(f"/w/{workspace.id}/audit/?action=desktop.").content.decode()
     assert "a@example.com" in page and "b@example.com" not in page and "c@example.com" not in page
@@ -265,7 +263,12 @@ def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
     client, members, workspace, settings
 ):
     settings.WEBHOOK_ALLOW_PRIVATE = True  # a receiver on loopback
-    policy = {"approval_role": "admin", "approval_timeout": "15", "webhook_url": "http://127.0.0.1:9/hook"}
+    policy = {
+        "approval_role": "admin",
+        "approval_timeout": "15",
+        "approval_commands": "git push\r\nhelm   upgrade\r\n\r\n",
+        "webhook_url": "http://127.0.0.1:9/hook",
+    }
     logged_in(client, members[Role.MEMBER])
     refused = client.post(f"/w/{workspace.id}/settings/approvals/", policy, follow=True).content.decode()
     assert "needs the admin role" in refused
@@ -275,9 +278,11 @@ def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
     client.post(f"/w/{workspace.id}/settings/approvals/", policy)
     workspace.refresh_from_db()
     assert (workspace.approval_role, workspace.approval_timeout) == ("admin", 900)
+    assert workspace.approval_commands == ["git push", "helm upgrade"]
     assert workspace.approval_webhook_url == "http://127.0.0.1:9/hook"
     shown = client.get(f"/w/{workspace.id}/settings/").content.decode()
     assert 'id="new-webhook-secret">whsec_' in shown
+    assert "git push\nhelm upgrade</textarea>" in shown
     assert "whsec_" not in client.get(f"/w/{workspace.id}/settings/").content.decode()
 
 

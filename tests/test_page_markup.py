@@ -6,8 +6,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from desktops.models import AuditEvent, Role
-from tests.factories import DesktopFactory, api_key_for
+from desktops.models import Role
+from tests.factories import DesktopFactory, api_key_for, audit_event
 
 
 class Fields(HTMLParser):
@@ -87,12 +87,8 @@ def test_the_audit_log_names_desktops_and_finds_them_by_name(client, members, wo
     desktop = DesktopFactory(workspace=workspace, name="compta-agent")
     elsewhere = DesktopFactory(name="compta-agent")  # same name, another workspace: never mixed in
     for target in (desktop.id, elsewhere.id):
-        AuditEvent.objects.create(
-            actor="user:a@example.com", action="desktop.stop", workspace_id=workspace.id, target=target
-        )
-    AuditEvent.objects.create(
-        actor="user:b@example.com", action="desktop.start", workspace_id=workspace.id, target="dsk_x"
-    )
+        audit_event(email="a@example.com", action="desktop.stop", workspace_id=workspace.id, target=target)
+    audit_event(email="b@example.com", action="desktop.start", workspace_id=workspace.id, target="dsk_x")
     client.force_login(members[Role.ADMIN].user)
     page = client.get(f"/w/{workspace.id}/audit/?target=compta-agent").content.decode()
     assert f'<span title="{desktop.id}">compta-agent</span>' in page  # the name, its id on hover

@@ -14,9 +14,10 @@ import requests
 from django.test import Client
 
 from desktops import services
-from desktops.audit import Actor
+from desktops.audit import Actor, audit_record
 from desktops.events import DesktopStateChanged, publish_state_change
-from desktops.models import AuditEvent, Role
+from desktops.middleware import RequestContext, current_request
+from desktops.models import Role
 from tests.conftest import ROOT, web_server
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, UserFactory
 
@@ -91,9 +92,11 @@ def test_the_workspace_switcher_refuses_a_workspace_that_is_not_yours(client, me
 
 
 def test_exported_audit_cells_cannot_run_as_formulas(client, members, workspace):
-    AuditEvent.objects.create(
-        actor="user:x", workspace_id=workspace.id, action="desktop.create", request_id="=cmd|' /C calc'!A0"
-    )
+    token = current_request.set(RequestContext("=cmd|' /C calc'!A0", None))
+    try:
+        audit_record(actor=Actor(system="x"), workspace_id=workspace.id, action="desktop.create")
+    finally:
+        current_request.reset(token)
     client.force_login(members[Role.ADMIN].user)
     response = client.get(f"/w/{workspace.id}/audit/?format=csv")
     body = b"".join(response.streaming_content).decode()

@@ -16,6 +16,7 @@ from desktops import (
     agent_config,
     alerts,
     approvals,
+    audit,
     chat,
     egress,
     engines,
@@ -246,6 +247,12 @@ def chat_resume() -> None:
 def approvals_expire() -> int:
     """Beat: refuse the requests for approval whose time is up."""
     return approvals.approvals_expire()
+
+
+@shared_task(name="workers.tasks.audit_prune", acks_late=True, soft_time_limit=1800, time_limit=1830)
+def audit_prune() -> int:
+    """Beat, when AUDIT_RETENTION_DAYS is set: prune the audit trail behind a signed checkpoint."""
+    return audit.audit_prune()
 
 
 @shared_task(

@@ -297,9 +297,16 @@ class WorkspaceSerializer(serializers.ModelSerializer):
             "approval_role",
             "approval_timeout",
             "alert_thresholds",
+            "approval_commands",
             "created_at",
         ]
-        read_only_fields = ["agent_command", "control_role", "approval_role", "approval_timeout"]
+        read_only_fields = [
+            "agent_command",
+            "control_role",
+            "approval_role",
+            "approval_timeout",
+            "approval_commands",
+        ]
 
 
 class WorkspaceUpdateSerializer(serializers.Serializer):
@@ -325,6 +332,14 @@ class WorkspaceUpdateSerializer(serializers.Serializer):
     )
     alert_thresholds = AlertThresholdsSerializer(
         required=False, help_text="Thresholds to change; those left out keep their value."
+    )
+    approval_commands = serializers.ListField(
+        child=serializers.CharField(allow_blank=True),
+        required=False,
+        help_text=(
+            "Commands the agent (OpenClaw) runs only once approved, as words: `git push` asks before "
+            "`cd repo && git push origin main`. Empty: it asks for none."
+        ),
     )
 
 

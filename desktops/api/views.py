@@ -546,12 +546,13 @@ class WorkspaceViewSet(ApiViewSet):
                 workspace = services.workspace_control_role_set(
                     actor=self.actor, workspace_id=pk, role=data["control_role"]
                 )
-            if "approval_role" in data or "approval_timeout" in data:
+            if {"approval_role", "approval_timeout", "approval_commands"} & data.keys():
                 workspace = approvals.approval_policy_set(
                     actor=self.actor,
                     workspace_id=pk,
                     role=data.get("approval_role"),
                     timeout=data.get("approval_timeout"),
+                    commands=data.get("approval_commands"),
                 )
             if "alert_thresholds" in data:
                 workspace = alerts.alert_thresholds_set(

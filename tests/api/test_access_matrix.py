@@ -403,7 +403,7 @@ LOOP_CASES = [
         lambda ws, m: (
             "patch",
             f"/api/workspaces/{ws.id}",
-            {"approvalRole": "admin", "approvalTimeout": 600},
+            {"approvalRole": "admin", "approvalTimeout": 600, "approvalCommands": ["git push"]},
         ),
     ),
     Case(

@@ -6,6 +6,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from desktops import crypto
+from desktops.audit import SYSTEM, audit_record
 from desktops.models import ApiKey, AuditEvent, ChatMessage, Desktop, DesktopState, LLMKey, Role
 from tests.conftest import client_for
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, api_key_for
@@ -331,6 +332,12 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
     # Besides the keys, only the desktop's own warm-up model, on its loopback.
     assert providers.keys() - {k.id.replace("_", "-") for k in keys} == WARMUP_PROVIDER.keys()
     assert all(p["baseUrl"].startswith("http://127.0.0.1:") for p in WARMUP_PROVIDER.values())
+    # Our approvals plugin is loaded, and OpenClaw's exec policy set explicitly rather than defaulted.
+    assert config["plugins"] == {
+        "load": {"paths": ["~/.openclaw/bureau/bureau-approvals"]},
+        "entries": {"bureau-approvals": {"enabled": True}},
+    }
+    assert config["tools"]["exec"] == {"host": "gateway", "security": "full", "ask": "off"}
 
 
 # Workspaces and members
@@ -428,7 +435,7 @@ def test_an_outsiders_body_is_not_read_before_their_access_is_refused(members, w
 
 
 def test_audit_trail_is_append_only(db):
-    event = AuditEvent.objects.create(actor="system:test", action="test")
+    event = audit_record(actor=SYSTEM, action="test")
     with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():
         AuditEvent.objects.filter(id=event.id).update(action="forged")
     with pytest.raises(ProgrammingError, match="append-only"), transaction.atomic():

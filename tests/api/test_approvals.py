@@ -124,3 +124,39 @@ def test_the_queue_filters_by_status_and_desktop(members, workspace, asked):
     assert ids("status=expired") == [other.id]
     assert ids(f"desktop={other.desktop_id}") == [other.id]
     assert ids("status=approved") == []
+
+
+def test_the_commands_that_wait_for_an_approval_are_the_workspaces_and_reach_its_desktops(
+    members, workspace, django_capture_on_commit_callbacks, monkeypatch
+):
+    from desktops.agent_config import approvals_policy
+
+    sent = []
+    monkeypatch.setattr(
+        "desktops.queue.current_app.send_task", lambda name, kwargs: sent.append((name, kwargs))
+    )
+    # Set explicitly from the start: OpenClaw's own default asks for nothing.
+    assert approvals_policy(workspace) == {
+        "commands": ["git push", "kubectl", "terraform apply", "sudo"],
+        "timeout": 570,  # OpenClaw waits at most 600 s for the plugin: a 30-minute default is cut short
+    }
+    path = f"/api/workspaces/{workspace.id}"
+    for role in (Role.VIEWER, Role.MEMBER):
+        refused = client_for(members[role]).patch(path, {"approvalCommands": []}, format="json")
+        assert refused.status_code == 403, refused.content
+    owner = client_for(members[Role.OWNER])
+    too_many = owner.patch(path, {"approvalCommands": [f"tool{i}" for i in range(51)]}, format="json")
+    assert too_many.status_code == 400 and "approvalCommands" in too_many.json()["error"]["fields"]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = owner.patch(
+            path, {"approvalCommands": ["git  push", "", "helm upgrade", "git push"]}, format="json"
+        )
+    assert response.status_code == 200, response.content
+    assert response.json()["approvalCommands"] == ["git push", "helm upgrade"]
+    assert sent == [("workers.tasks.workspace_agent_configure", {"workspace_id": workspace.id})]
+    workspace.refresh_from_db()
+    assert approvals_policy(workspace)["commands"] == ["git push", "helm upgrade"]
+    audited = AuditEvent.objects.get(action="workspace.approval_policy")
+    assert audited.detail["commands"] == ["git push", "helm upgrade"]
+    outsider = client_for(key=None)
+    assert outsider.patch(path, {"approvalCommands": []}, format="json").status_code in (401, 403, 404)

@@ -192,6 +192,7 @@ class Workspace:
     approval_role: str
     approval_timeout: int
     alert_thresholds: AlertThresholds
+    approval_commands: list[str]
     created_at: datetime
 
 

@@ -535,7 +535,15 @@ WORKSPACE_UPDATE = Endpoint(
     "PATCH",
     "/api/workspaces/{workspace_id}",
     m.Workspace,
-    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout", "alert_thresholds"),
+    body=(
+        "name",
+        "agent_command",
+        "control_role",
+        "approval_role",
+        "approval_timeout",
+        "alert_thresholds",
+        "approval_commands",
+    ),
 )
 WORKSPACE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}")
 WEBHOOK = Endpoint("GET", "/api/workspaces/{workspace_id}/webhook", m.Webhook)
@@ -596,8 +604,10 @@ class Workspaces(Resource[M]):
         approval_role: str | None = None,
         approval_timeout: int | None = None,
         alert_thresholds: Mapping[str, int] | None = None,
+        approval_commands: list[str] | None = None,
     ) -> Plan[m.Workspace]:
-        """Change what is given; `alert_thresholds` changes those it names (`memory_percent`: 80)."""
+        """Change what is given; `alert_thresholds` changes those it names (`memory_percent`: 80);
+        `approval_commands`: what the agent (OpenClaw) runs only once approved, e.g. ["git push"]."""
         call = WORKSPACE_UPDATE.call(
             workspace_id=workspace_id,
             name=name,
@@ -606,6 +616,7 @@ class Workspaces(Resource[M]):
             approval_role=approval_role,
             approval_timeout=approval_timeout,
             alert_thresholds=alert_thresholds,
+            approval_commands=approval_commands,
         )
         return (yield call)
 

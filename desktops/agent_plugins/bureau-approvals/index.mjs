@@ -1,0 +1,96 @@
+// Le Bureau's approvals inside OpenClaw: a command the workspace's policy names (`git push`, `sudo`…)
+// waits for an operator's decision before it runs, without the agent having to ask.
+//
+// Written into each desktop by the control plane (desktops/agent_config.py) and loaded by the gateway
+// from `plugins.load.paths` when it starts (its manifest asks for that). The policy, written beside it,
+// is read on every call, so a new policy applies without reloading the plugin.
+// The request goes through `bureau approve`, which asks the control plane's guest endpoint with the
+// desktop's token and waits; its decision is bound to the exact command, directory, environment and
+// session asked about. Anything but an approval (a denial, no answer in time, an error) blocks.
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { isAbsolute, join } from "node:path";
+
+const POLICY = join(homedir(), ".openclaw", "bureau", "approvals.json");
+// `bureau approve` exits 0 approved, 1 denied, 2 timed out, 3 could not ask.
+const APPROVED = 0;
+const OUTCOME = {
+  1: "An operator denied this command; it did not run.",
+  2: "No operator answered in time; the command did not run.",
+};
+// OpenClaw gives a before_tool_call hook at most this long (ms); the policy's timeout stays below it.
+const HOOK_BUDGET = 600_000;
+// What the control plane keeps of a title.
+const MAX_TITLE = 200;
+
+function readPolicy() {
+  return JSON.parse(readFileSync(POLICY, "utf8"));
+}
+
+function escapeRegExp(text) {
+  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
+// The policy's first pattern the command holds as words of its own: at its start or after a shell
+// separator or space, and followed by the end, a space or a separator ("git push" holds in
+// "cd repo && git push origin main", not in "git pushed").
+function sensitivePattern(command, patterns) {
+  const boundary = "[\\s;&|(){}`'\"]";
+  return patterns.find((pattern) => {
+    const words = pattern.trim().split(/\s+/).map(escapeRegExp).join("\\s+");
+    return words && new RegExp(`(^|${boundary})${words}(?=$|${boundary})`).test(command);
+  });
+}
+
+function ask({ title, details, cwd, timeout, signal }) {
+  return new Promise((resolve) => {
+    const args = ["approve", "--title", title, "--details", "-", "--timeout", `${timeout}s`];
+    const child = spawn("bureau", args, { cwd, signal, stdio: ["pipe", "pipe", "pipe"] });
+    let out = "";
+    let err = "";
+    child.stdout.on("data", (chunk) => (out += chunk));
+    child.stderr.on("data", (chunk) => (err += chunk));
+    child.on("error", (error) => resolve({ code: 3, comment: "", error: String(error) }));
+    child.on("close", (code) => resolve({ code, comment: out.trim(), error: err.trim() }));
+    child.stdin.end(details);
+  });
+}
+
+async function beforeExec(event, ctx) {
+  const command = typeof event.params?.command === "string" ? event.params.command : "";
+  let policy;
+  try {
+    policy = readPolicy();
+  } catch (error) {
+    return { block: true, blockReason: `The approval policy cannot be read (${error}); nothing runs.` };
+  }
+  const rule = sensitivePattern(command, policy.commands ?? []);
+  if (!rule) {
+    return undefined;
+  }
+  const workdir = typeof event.params.workdir === "string" ? event.params.workdir : null;
+  const details = JSON.stringify(
+    { command, workdir, env: event.params.env ?? null, session: ctx.sessionKey ?? null, rule },
+    null,
+    2,
+  );
+  const title = command.length > MAX_TITLE ? `${command.slice(0, MAX_TITLE - 1)}…` : command;
+  const cwd = workdir && isAbsolute(workdir) && existsSync(workdir) ? workdir : process.cwd();
+  const answer = await ask({ title, details, cwd, timeout: policy.timeout, signal: ctx.abortSignal });
+  if (answer.code === APPROVED) {
+    return undefined;
+  }
+  const why =
+    OUTCOME[answer.code] ?? `The approval could not be asked (${answer.error}); the command did not run.`;
+  return { block: true, blockReason: answer.comment ? `${why} The operator said: ${answer.comment}` : why };
+}
+
+export default {
+  id: "bureau-approvals",
+  name: "Le Bureau approvals",
+  description: "Commands the workspace's policy names wait for an operator's approval.",
+  register(api) {
+    api.on("before_tool_call", beforeExec, { matcher: ["exec"], priority: 1000, timeoutMs: HOOK_BUDGET });
+  },
+};
