@@ -1,45 +1,89 @@
-"""French first: the pages' scripts and the fleet's and viewer's pages have no message left untranslated
-in the French catalogue, and the pages answer in the browser's language."""
+"""French first: every message of the code is in the French catalogues, each with a checked French
+translation, and the pages answer in the browser's language."""
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from desktops.models import Role
 
-LOCALE = Path(__file__).resolve().parent.parent / "locale" / "fr" / "LC_MESSAGES"
-# The pages held to it entry by entry (the others are on their way).
-FULLY_FRENCH = (
-    "templates/missioncontrol/desktop.html",
-    "templates/missioncontrol/desktop_rows.html",
-    "templates/missioncontrol/desktops.html",
-    "templates/missioncontrol/fleet_summary.html",
-    "templates/missioncontrol/watchers.html",
-    "templates/missioncontrol/landing.html",
-    "desktops/agent_failures.py",
-    "missioncontrol/static/missioncontrol/",
-)
+ROOT = Path(__file__).resolve().parent.parent
+LOCALE = Path("locale") / "fr" / "LC_MESSAGES"
+CATALOGUES = ("django.po", "djangojs.po")
+FIELD = re.compile(r'^(msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?) "(.*)"$')
+# What a copy of the tree to gather the messages from leaves out: installed, built or generated things.
+NOT_SOURCE = {".git", ".venv", "node_modules", "staticfiles", "var", "test-artifacts", "image-build/cache"}
+NOT_SOURCE |= {"image-build/out", "missioncontrol/static/vendor", ".pytest_cache", ".ruff_cache"}
 
 
-def entries(catalogue: str):
-    """(where it is used, msgid, whether it has a French translation) of each entry but the header."""
-    for block in (LOCALE / catalogue).read_text().split("\n\n"):
-        where = " ".join(line[3:] for line in block.splitlines() if line.startswith("#: "))
-        msgid = "".join(re.findall(r'^(?:msgid )?"(.*)"$', block.split("msgstr")[0], re.M))
-        translations = re.findall(r'^msgstr(?:\[\d\])? "(.*)"((?:\n".*")*)', block, re.M)
-        if msgid and "#, fuzzy" not in block:
-            yield where, msgid, all(first or rest for first, rest in translations)
+class Entry(NamedTuple):
+    key: tuple[str, str, str]  # msgctxt, msgid, msgid_plural: what the code asks for
+    translations: list[str]
+    fuzzy: bool
+
+    @property
+    def msgid(self) -> str:
+        return self.key[1]
 
 
-@pytest.mark.parametrize("catalogue", ["django.po", "djangojs.po"])
-def test_no_message_of_the_french_pages_is_left_untranslated(catalogue):
-    untranslated = [
-        msgid
-        for where, msgid, done in entries(catalogue)
-        if not done and any(p in where for p in FULLY_FRENCH)
-    ]
-    assert untranslated == []
+def entries(catalogue: Path) -> list[Entry]:
+    """Each entry but the header, as gettext writes them: blocks apart, strings split over lines."""
+    found = []
+    for block in catalogue.read_text().split("\n\n"):
+        flags, fields, field = [], {}, ""
+        for line in block.splitlines():
+            if line.startswith("#,"):
+                flags += [flag.strip() for flag in line[2:].split(",")]
+            elif match := FIELD.match(line):
+                field = match[1]
+                fields[field] = match[2]
+            elif line.startswith('"') and field:
+                fields[field] += line[1:-1]
+        if fields.get("msgid"):
+            key = (fields.get("msgctxt", ""), fields["msgid"], fields.get("msgid_plural", ""))
+            translations = [text for name, text in fields.items() if name.startswith("msgstr")]
+            found.append(Entry(key, translations, "fuzzy" in flags))
+    return found
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUES)
+def test_every_message_has_a_checked_french_translation(catalogue):
+    catalogued = entries(ROOT / LOCALE / catalogue)
+    assert catalogued
+    untranslated = [e.msgid for e in catalogued if not e.translations or not all(e.translations)]
+    fuzzy = [e.msgid for e in catalogued if e.fuzzy]
+    assert (untranslated, fuzzy) == ([], []), (
+        f"{catalogue}: no French for {untranslated}; "
+        f"French marked fuzzy (check it, then drop the flag) for {fuzzy}"
+    )
+
+
+def _not_source(directory: str, names: list[str]) -> set[str]:
+    here = Path(directory).relative_to(ROOT)
+    return {n for n in names if n == "__pycache__" or (here / n).as_posix() in NOT_SOURCE}
+
+
+def test_the_catalogues_hold_every_message_of_the_code_and_no_other(tmp_path):
+    # `make messages` on a copy of the tree: what the catalogues would be, with the code as it is.
+    copy = tmp_path / "tree"
+    shutil.copytree(ROOT, copy, ignore=_not_source, symlinks=True)
+    (copy / ".venv").symlink_to(sys.prefix)
+    gathered = subprocess.run(["make", "-s", "messages"], cwd=copy, capture_output=True, text=True)
+    assert gathered.returncode == 0, gathered.stderr
+    for catalogue in CATALOGUES:
+        in_code = {e.key: e.msgid for e in entries(copy / LOCALE / catalogue)}
+        catalogued = {e.key: e.msgid for e in entries(ROOT / LOCALE / catalogue)}
+        missing = [msgid for key, msgid in in_code.items() if key not in catalogued]
+        gone = [msgid for key, msgid in catalogued.items() if key not in in_code]
+        assert (missing, gone) == ([], []), (
+            f"{catalogue} is behind the code (run `make messages`, then translate): it lacks {missing} "
+            f"and holds {gone}, which the code no longer has"
+        )
 
 
 def test_the_scripts_speak_the_browsers_language(client, members):
