@@ -255,14 +255,17 @@ def audit_prune() -> int:
     return audit.audit_prune()
 
 
-@shared_task(
-    name=APPROVAL_EMAIL,
-    acks_late=True,
-    autoretry_for=(OSError,),  # the mail server not answering
-    retry_backoff=5,
-    max_retries=5,
-    soft_time_limit=60,
-)
+# Telling people by e-mail: sent again while the mail server does not answer.
+EMAIL_TASK = {
+    "acks_late": True,
+    "autoretry_for": (OSError,),
+    "retry_backoff": 5,
+    "max_retries": 5,
+    "soft_time_limit": 60,
+}
+
+
+@shared_task(name=APPROVAL_EMAIL, **EMAIL_TASK)
 def approval_email(*, approval_id: str) -> int:
     """Tell the people who may answer a request for approval that it waits."""
     return approvals.approval_email(approval_id=approval_id)
@@ -274,14 +277,7 @@ def alerts_evaluate() -> dict[str, int]:
     return alerts.alerts_evaluate()
 
 
-@shared_task(
-    name=ALERT_EMAIL,
-    acks_late=True,
-    autoretry_for=(OSError,),  # the mail server not answering
-    retry_backoff=5,
-    max_retries=5,
-    soft_time_limit=60,
-)
+@shared_task(name=ALERT_EMAIL, **EMAIL_TASK)
 def alert_email(*, alert_id: str) -> int:
     """Tell the people who may take control of a desktop of an alert raised on it."""
     return alerts.alert_email(alert_id=alert_id)
