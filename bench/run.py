@@ -38,6 +38,7 @@ BENCHES: dict[str, list[str]] = {
     "fleet": ["bench/fleet.py"],
     "egress": ["bench/egress.py"],
     "relay": ["bench/relay.py"],
+    "screen": ["bench/screen.py"],
     "chat": ["bench/chat.py"],
 }
 

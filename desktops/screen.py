@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import unicodedata
 from dataclasses import dataclass, field
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -84,7 +85,8 @@ KEYSYMS = {
     "plus": 0x2B,
     **{f"f{n}": 0xFFBE + n - 1 for n in range(1, 25)},
 }
-TYPED_KEYSYMS = {"\n": 0xFF0D, "\t": 0xFF09, "\b": 0xFF08}
+# The control characters text may hold; others are keys, pressed with a key action.
+TYPED_KEYSYMS = {"\n": 0xFF0D, "\t": 0xFF09}
 
 
 def keysym_of(character: str) -> int:
@@ -176,8 +178,8 @@ class ActionsDone:
 class _Framebuffer:
     width: int
     height: int
-    pixels: bytearray = field(default_factory=bytearray)
     cursor: tuple[int, int] | None = None
+    pixels: bytearray = field(init=False)
 
     def __post_init__(self):
         self.pixels = bytearray(self.width * self.height * 4)
@@ -440,6 +442,15 @@ def actions_check(actions: list[Action], screen: tuple[int, int] | None = None) 
                 _("Action %(index)d: at most %(max)d characters are typed at once.")
                 % {"index": index, "max": MAX_TEXT},
                 fields={where: [_("Too long a text.")]},
+            )
+        if any(unicodedata.category(c) == "Cc" and c not in TYPED_KEYSYMS for c in action.text):
+            raise Invalid(
+                _(
+                    "Action %(index)d: text holds no control characters but line breaks and tabs"
+                    " (press other keys with a key action)."
+                )
+                % {"index": index},
+                fields={where: [_("A control character.")]},
             )
         if action.type == "key":
             try:

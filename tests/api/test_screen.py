@@ -181,6 +181,7 @@ BAD_BATCHES = {
     "too long a text": [{"type": "type", "text": "a" * 2001}],
     "text that is not a string": [{"type": "type", "text": 12}],
     "an empty text": [{"type": "type", "text": ""}],
+    "a control character in text": [{"type": "type", "text": "ok\x03"}],
     "unknown key": [{"type": "key", "keys": "ctrl+nokey"}],
     "an empty key": [{"type": "key", "keys": "ctrl+"}],
     "too long a wait": [{"type": "wait", "ms": 10001}],
