@@ -174,6 +174,29 @@ class ActionsDone:
     screenshot: Screenshot | None
 
 
+@dataclass(frozen=True)
+class Pixels:
+    """A copy of the screen, made into an image by the request's own thread: encoding holds the CPU
+    for tens of milliseconds, and the RFB session may run on the server's event loop."""
+
+    width: int
+    height: int
+    data: bytes  # B, G, R, X for each pixel (PIXEL_FORMAT)
+
+    def image(self, options: ScreenshotOptions) -> Screenshot:
+        image = Image.frombuffer("RGB", (self.width, self.height), self.data, "raw", "BGRX", 0, 1)
+        if options.width and options.width < self.width:
+            height = max(1, round(self.height * options.width / self.width))
+            image = image.resize((options.width, height), Image.Resampling.BILINEAR)
+        out = io.BytesIO()
+        if options.format == "jpeg":
+            image.save(out, "JPEG", quality=JPEG_QUALITY)
+        else:
+            # Fast compression: screens are flat colours that compress well even so.
+            image.save(out, "PNG", compress_level=1)
+        return Screenshot(out.getvalue(), FORMATS[options.format], *image.size, self.width, self.height)
+
+
 @dataclass
 class _Framebuffer:
     width: int
@@ -193,7 +216,6 @@ class RfbScreen:
         self.stream, self.reader = stream, reader
         self.framebuffer = _Framebuffer(width, height)
         self.name = name
-        self.pointer_at: tuple[int, int] | None = None
         self.buttons = 0
 
     @classmethod
@@ -301,26 +323,15 @@ class RfbScreen:
             if not await self.update(quiet=SETTLE_QUIET):
                 return
 
-    def image(self, options: ScreenshotOptions) -> Screenshot:
+    def pixels(self) -> Pixels:
         fb = self.framebuffer
-        image = Image.frombuffer("RGB", (fb.width, fb.height), bytes(fb.pixels), "raw", "BGRX", 0, 1)
-        if options.width and options.width < fb.width:
-            height = max(1, round(fb.height * options.width / fb.width))
-            image = image.resize((options.width, height), Image.Resampling.BILINEAR)
-        out = io.BytesIO()
-        if options.format == "jpeg":
-            image.save(out, "JPEG", quality=JPEG_QUALITY)
-        else:
-            # Fast compression: screens are flat colours that compress well even so.
-            image.save(out, "PNG", compress_level=1)
-        return Screenshot(out.getvalue(), FORMATS[options.format], *image.size, fb.width, fb.height)
+        return Pixels(fb.width, fb.height, bytes(fb.pixels))
 
     # Input
 
     async def pointer(self, x: int, y: int, buttons: int | None = None) -> None:
         if buttons is not None:
             self.buttons = buttons
-        self.pointer_at = (x, y)
         await self.stream.write(struct.pack(">BBHH", POINTER_EVENT, self.buttons, x, y))
 
     async def key(self, keysym: int, down: bool) -> None:
@@ -401,11 +412,11 @@ def screen_screenshot(*, desktop: Desktop, options: ScreenshotOptions) -> Screen
     _running(desktop)
 
     @_timed(CONNECT_TIMEOUT)
-    async def shoot(screen: RfbScreen) -> Screenshot:
+    async def shoot(screen: RfbScreen) -> Pixels:
         await screen.full()
-        return screen.image(options)
+        return screen.pixels()
 
-    return async_to_sync(_session)(desktop, "view", shoot)
+    return async_to_sync(_session)(desktop, "view", shoot).image(options)
 
 
 def screen_info(*, desktop: Desktop) -> ScreenInfo:
@@ -477,7 +488,7 @@ def screen_act(
     _running(desktop)
     actions_check(actions)  # what needs no screen, before reaching it
 
-    async def act(screen: RfbScreen) -> ActionsDone:
+    async def act(screen: RfbScreen) -> Pixels | None:
         actions_check(actions, screen.size)
         await sync_to_async(audit_record)(
             actor=actor,
@@ -495,9 +506,10 @@ def screen_act(
             # Answered once the server has taken every event sent before it.
             await screen.request(incremental=False, area=(0, 0, 1, 1))
             await screen.update()
-            return ActionsDone(len(actions), None)
+            return None
         await screen.settle()
-        return ActionsDone(len(actions), screen.image(screenshot))
+        return screen.pixels()
 
     budget = CONNECT_TIMEOUT + MAX_SETTLE + sum(action.ms for action in actions) / 1000 + len(actions)
-    return async_to_sync(_session)(desktop, "control", _timed(budget)(act))
+    pixels = async_to_sync(_session)(desktop, "control", _timed(budget)(act))
+    return ActionsDone(len(actions), pixels.image(screenshot) if pixels else None)

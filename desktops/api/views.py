@@ -348,7 +348,20 @@ class DesktopViewSet(ApiViewSet):
         return Response(s.ExecResultSerializer(result).data)
 
     @extend_schema(
-        parameters=[s.ScreenshotQuery],
+        parameters=[
+            s.ScreenshotQuery,
+            *(
+                OpenApiParameter(name, OpenApiTypes.INT, OpenApiParameter.HEADER, response=[200])
+                for name in ("X-Screen-Width", "X-Screen-Height")
+            ),
+            OpenApiParameter(
+                "X-Screenshot-Scale",
+                OpenApiTypes.DOUBLE,
+                OpenApiParameter.HEADER,
+                response=[200],
+                description=_("Image pixels per screen pixel"),
+            ),
+        ],
         responses={
             (200, "image/png"): OpenApiResponse(OpenApiTypes.BINARY, description=SCREENSHOT_HEADERS),
             (200, "image/jpeg"): OpenApiResponse(OpenApiTypes.BINARY, description=SCREENSHOT_HEADERS),
