@@ -19,6 +19,8 @@ def django_setup() -> None:
     """Point this process (and the daphne and workers it starts) at the bench database, migrated."""
     url = os.environ.setdefault("BENCH_DATABASE_URL", DEFAULT)
     os.environ["DATABASE_URL"] = url
+    # Figures are for the server as deployed: the development .env's debug mode records every query.
+    os.environ["DJANGO_DEBUG"] = "false"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
     name = urlsplit(url).path.lstrip("/")
     with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:

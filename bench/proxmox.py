@@ -24,11 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.database import django_setup
 from bench.report import Figure, record
-from tests.pve.simulator import Simulator, TaskTimes
-from tests.pve.support import SSH_KEY, TEMPLATE, driver_for, make_spec
-from workers.drivers.proxmox import PoolShape
-from workers.drivers.proxmox.api import vm_name
+
+# The simulator's console speaks RFB with the relays' code, which reads the project's settings.
+django_setup()
+
+from tests.pve.simulator import Simulator, TaskTimes  # noqa: E402
+from tests.pve.support import SSH_KEY, TEMPLATE, driver_for, make_spec  # noqa: E402
+from workers.drivers.proxmox import PoolShape  # noqa: E402
+from workers.drivers.proxmox.api import vm_name  # noqa: E402
 
 NODES = {"pve1": (262144, 64), "pve2": (262144, 64), "pve3": (262144, 64)}
 SHAPE = PoolShape("minimal", 1, 1024, 10, size=1)

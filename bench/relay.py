@@ -38,6 +38,7 @@ import websockets  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
+from bench.cpu import cpu_ticks, group_cpu_seconds  # noqa: E402
 from bench.report import Figure, record  # noqa: E402
 from bench.stats import percentile  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
@@ -114,27 +115,6 @@ class RfbReader:
             await self.skip(length - 4 if encoding == ZRLE else length)
             size += 12 + length
         return size
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU time (user + system) of the processes of a process group: a relay and any child it forks."""
-    ticks = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid:  # pgrp, then utime and stime at 11 and 12
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot, from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 @dataclass

@@ -36,9 +36,11 @@ BENCHES: dict[str, list[str]] = {
     "provision_driver": ["bench/provision_driver.py"],
     "provision": ["bench/provision.py"],
     "fleet": ["bench/fleet.py"],
+    "density": ["bench/density.py"],
     "egress": ["bench/egress.py"],
     "relay": ["bench/relay.py"],
     "screen": ["bench/screen.py"],
+    "viewers": ["bench/viewers.py"],
     "chat": ["bench/chat.py"],
 }
 

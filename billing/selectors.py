@@ -179,27 +179,30 @@ def spend_this_month(workspace: Workspace) -> Decimal:
     return Meter.sum(d.meter for d in measured).total
 
 
-# Measuring a thousand desktops' month takes longer than a page should: pages show a figure at most
+@dataclass(frozen=True)
+class FleetSpend:
+    total: Decimal
+    by_desktop: dict[str, Decimal]
+
+
+# Measuring a thousand desktops' month takes longer than a page should: pages show figures at most
 # this old (quotas and caps always measure anew).
 SPEND_SHOWN_FOR = 60
 
 
-def spend_this_month_shown(workspace: Workspace) -> Decimal:
-    """The fleet's spend this month so far, for the pages: measured at most once a minute."""
-    key = f"billing.spend:{workspace.id}:{this_month()}"
-    spent = cache.get(key)
-    if spent is None:
-        spent = spend_this_month(workspace)
-        cache.set(key, spent, SPEND_SHOWN_FOR)
-    return spent
-
-
-def costs_month_to_date(*, workspace: Workspace, desktop_ids: list[str]) -> dict[str, Decimal]:
-    """Each of these desktops' spend this month so far, for the fleet list."""
-    measured, _ = _measure(
-        workspace.desktops.filter(id__in=desktop_ids), workspace, this_month(), timezone.now()
-    )
-    return {d.desktop.id: d.meter.total for d in measured}
+def fleet_spend_shown(workspace: Workspace) -> FleetSpend:
+    """The fleet's spend this month so far, in all and per desktop, for the pages: measured at most
+    once a minute (one measure of the whole fleet serves every page of the list)."""
+    key = f"billing.fleet-spend:{workspace.id}:{this_month()}"
+    spend = cache.get(key)
+    if spend is None:
+        measured, _ = _measure(workspace.desktops.all(), workspace, this_month(), timezone.now())
+        spend = FleetSpend(
+            total=Meter.sum(d.meter for d in measured).total,
+            by_desktop={d.desktop.id: d.meter.total for d in measured},
+        )
+        cache.set(key, spend, SPEND_SHOWN_FOR)
+    return spend
 
 
 def _billable(tier: Tier, platform: Decimal) -> Decimal:

@@ -22,6 +22,16 @@ from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop, DesktopState, LLMKey, LLMProvider
 
 GATEWAY_PORT = 18789
+# A model served inside the desktop on loopback by `bureau warmup` (image-build/guest/bureau), which
+# answers one word: the desktop warms its agent up with it as it boots, spending no provider's tokens.
+WARMUP_PROVIDER = {
+    "bureau-warmup": {
+        "baseUrl": "http://127.0.0.1:18790/v1",
+        "apiKey": "none",
+        "api": "openai-completions",
+        "models": [{"id": "ready", "name": "ready"}],
+    }
+}
 # Relative to the agent's home, where SFTP sessions start.
 CONFIG_DIR = ".openclaw"
 CONFIG_FILE = "openclaw.json"
@@ -72,7 +82,7 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
         },
         # The desktop is the agent's own machine: its commands run there without asking.
         "tools": {"exec": {"host": "gateway", "security": "full", "ask": "off"}},
-        "models": {"mode": "merge", "providers": providers},
+        "models": {"mode": "merge", "providers": {**WARMUP_PROVIDER, **providers}},
     }
     if models:
         config["agents"] = {"defaults": {"model": {"primary": models[0], "fallbacks": models[1:]}}}

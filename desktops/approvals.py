@@ -28,7 +28,7 @@ from desktops.errors import Conflict, Forbidden, Invalid, NotFound
 from desktops.events import ApprovalChanged, publish_approval_change
 from desktops.models import Approval, ChatMessage, Desktop, DesktopState, Role, Workspace
 from desktops.queue import APPROVAL_EMAIL, enqueue
-from desktops.selectors import role_in, workspace_get, workspaces_visible
+from desktops.selectors import member_emails, role_in, workspace_get, workspaces_visible
 from desktops.webhooks import webhook_notify
 
 Status = Approval.Status
@@ -139,12 +139,7 @@ def approval_email(*, approval_id: str) -> int:
     if approval is None or approval_status(approval) != Status.PENDING:
         return 0
     workspace = approval.desktop.workspace
-    allowed = [role.value for role in Role if role.rank >= Role(workspace.approval_role).rank]
-    emails = (
-        workspace.memberships.filter(role__in=allowed, user__is_active=True)
-        .exclude(user__email="")
-        .values_list("user__email", flat=True)
-    )
+    emails = member_emails(workspace=workspace, minimum=Role(workspace.approval_role))
     words = {
         "desktop": approval.desktop.name,
         "title": approval.title,

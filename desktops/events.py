@@ -98,6 +98,17 @@ class ApprovalChanged:
 
 
 @dataclass(frozen=True)
+class AlertChanged:
+    """An alert was raised or acknowledged: the alert lists and counts on the pages refresh."""
+
+    alert_id: str
+    desktop_id: str
+    workspace_id: str
+    status: str
+    type: str = "alert.changed"
+
+
+@dataclass(frozen=True)
 class WatchersChanged:
     """Someone opened or closed a desktop's screen or terminal: its viewers show who watches anew."""
 
@@ -135,6 +146,10 @@ def publish_chat_update(event: ChatUpdated) -> None:
 
 def publish_approval_change(event: ApprovalChanged) -> None:
     transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "approval", asdict(event)))
+
+
+def publish_alert_change(event: AlertChanged) -> None:
+    transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "alert", asdict(event)))
 
 
 def publish_watchers_change(event: WatchersChanged) -> None:

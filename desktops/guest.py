@@ -46,6 +46,22 @@ def desktop_ssh_connect(
     )
 
 
+# Every terminal opened on a desktop attaches to one tmux session, on a tmux server of the terminals'
+# own: a reload, a switch between watching and control, or a second person finds the same shell,
+# its running programs and its screen. A viewer attaches read-only (tmux itself then ignores its
+# keys, besides the relay dropping them). A desktop without tmux gives each terminal a shell of its own.
+_TMUX = "tmux -L bureau"
+_TERMINAL = {
+    True: f"exec {_TMUX} new-session -A -s bureau",
+    False: f"{_TMUX} new-session -d -s bureau 2>/dev/null; exec {_TMUX} attach-session -r -t bureau",
+}
+
+
+def terminal_command(*, control: bool) -> str:
+    """The command a terminal of the desktop runs in its pseudo-terminal."""
+    return f'command -v tmux >/dev/null || exec "${{SHELL:-/bin/sh}}" -l; {_TERMINAL[control]}'
+
+
 # TigerVNC's fixed key for the password file (it obscures the passwords, it does not protect them).
 VNC_FILE_KEY = bytes([23, 82, 107, 6, 35, 78, 88, 7])
 VNC_PASSWORD_FILE = "/etc/bureau/vnc.passwd"  # noqa: S105 (a path, not a secret)

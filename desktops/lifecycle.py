@@ -355,9 +355,9 @@ def _reconcile_engine(name: str, report: dict[str, list[str]]) -> None:
             Desktop.objects.filter(id=desktop.id).update(engine_instance=driver.instance_id)
         if desktop.state in STEADY:
             _reconcile_steady(desktop, instance, report)
-        elif _waiting_since(desktop, now, settings.LIFECYCLE_STUCK_AFTER):
+        elif step_waiting_since(desktop, now, settings.LIFECYCLE_STUCK_AFTER):
             _reconcile_stuck(driver, desktop, instance, report)
-        elif _waiting_since(desktop, now, settings.LIFECYCLE_REQUEUE_AFTER):
+        elif step_waiting_since(desktop, now, settings.LIFECYCLE_REQUEUE_AFTER):
             # Its task may have been lost with the broker's memory: send another; copies wait their turn.
             enqueue_step(desktop_id=desktop.id, action=STEPS_BY_VIA[desktop.state])
             report["requeued"].append(desktop.id)
@@ -404,7 +404,7 @@ def _reconcile_steady(
         )
 
 
-def _waiting_since(desktop: Desktop, now, seconds: float) -> bool:
+def step_waiting_since(desktop: Desktop, now, seconds: float) -> bool:
     """Whether the desktop has been in a step for `seconds` with no worker on it now."""
     under_way = desktop.step_until is not None and desktop.step_until > now
     overdue = desktop.state_changed_at < now - timedelta(seconds=seconds)

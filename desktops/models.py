@@ -57,6 +57,8 @@ class Workspace(models.Model):
     # Told of every request for approval and answer, signed with the workspace's webhook secret.
     approval_webhook_url = models.URLField(max_length=500, blank=True)
     webhook_secret_encrypted = models.TextField(blank=True)
+    # When its alerts fire: the thresholds its admins changed from the defaults (desktops.alerts).
+    alert_thresholds = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -563,3 +565,97 @@ class WebhookDelivery(models.Model):
 
     def __str__(self):
         return f"{self.event} to {self.url}: {self.status}"
+
+
+class Alert(models.Model):
+    """Something about a desktop its operators should know (desktops.alerts), until one acknowledges it.
+
+    One open alert per rule and desktop; and one alert per cause (the occurrence: a stay in `error`, a
+    failed turn, a spell of memory use above the threshold), so an acknowledged cause is not raised again.
+    """
+
+    class Kind(models.TextChoices):
+        ERROR = "error", _("Desktop in error")
+        STUCK = "stuck", _("Step stuck")
+        MEMORY = "memory", _("Memory")
+        CPU = "cpu", _("CPU")
+        DISK = "disk", _("Disk")
+        AGENT = "agent", _("Agent runtime")
+        LONG_TURN = "long_turn", _("Long turn")
+        EGRESS = "egress", _("Blocked connections")
+
+    class Status(models.TextChoices):
+        OPEN = "open", _("Open")
+        ACKNOWLEDGED = "acknowledged", _("Acknowledged")
+
+    id = PublicIdField("alr")
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="alerts")
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    cause = models.CharField(max_length=200)
+    # The figures the rule saw (a percentage, a count, an error's words): the message is made from them
+    # in the reader's language.
+    detail = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=15, choices=Status.choices, default=Status.OPEN)
+    raised_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-raised_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["desktop", "kind"], condition=Q(status="open"), name="one_open_alert_per_rule"
+            ),
+            models.UniqueConstraint(fields=["desktop", "kind", "cause"], name="one_alert_per_cause"),
+        ]
+        indexes = [models.Index(fields=["workspace", "status"])]
+
+    def __str__(self):
+        return f"{self.kind} on {self.desktop_id}: {self.status}"
+
+
+class AlertWatch(models.Model):
+    """What a rule remembers of a desktop between two evaluations: since when its condition holds (a
+    spell above a threshold), and its last reading (to make a rate of a counter)."""
+
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="alert_watches")
+    kind = models.CharField(max_length=20)
+    since = models.DateTimeField(null=True, blank=True)
+    reading = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["desktop", "kind"], name="one_watch_per_rule")]
+
+    def __str__(self):
+        return f"{self.kind} of {self.desktop_id} since {self.since}"
+
+
+class BlockedAttempt(models.Model):
+    """A destination a desktop's egress policy refused, with how many attempts were counted so far."""
+
+    class Via(models.TextChoices):
+        NAME = "name", _("Look-up refused")
+        ADDRESS = "address", _("Packets dropped")
+
+    desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="blocked_attempts")
+    via = models.CharField(max_length=10, choices=Via.choices)
+    destination = models.CharField(max_length=253)
+    attempts = models.PositiveBigIntegerField(default=0)
+    # The engine's own counter when last read: it only grows, until the engine forgets the destination.
+    engine_count = models.PositiveBigIntegerField(default=0)
+    first_at = models.DateTimeField(auto_now_add=True)
+    last_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-last_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["desktop", "via", "destination"], name="one_count_per_blocked_destination"
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.desktop_id} -> {self.destination}: {self.attempts}"

@@ -83,6 +83,13 @@ def workspace_for_control(*, actor: Actor, workspace_id: str) -> Workspace:
     return workspace
 
 
+def member_emails(*, workspace: Workspace, minimum: Role) -> list[str]:
+    """The addresses of the workspace's active members of at least this role, to tell them something."""
+    allowed = [role.value for role in Role if role.rank >= minimum.rank]
+    members = workspace.memberships.filter(role__in=allowed, user__is_active=True).exclude(user__email="")
+    return list(members.values_list("user__email", flat=True))
+
+
 def workspace_default(*, actor: Actor) -> Workspace:
     """The workspace meant when none is named: the key's own, or the user's only one."""
     if actor.api_key is not None:

@@ -1,5 +1,6 @@
-"""A workspace's webhook: every request for approval and every answer, POSTed as JSON to the URL its
-admins gave, signed, retried with backoff, and logged delivery by delivery.
+"""A workspace's webhook: every request for approval and every answer, every alert raised and
+acknowledged, POSTed as JSON to the URL its admins gave, signed, retried with backoff, and logged
+delivery by delivery.
 
 Signature: `X-LeBureau-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">` under the
 workspace's webhook secret, with the timestamp in `X-LeBureau-Timestamp` (a receiver refuses old ones,

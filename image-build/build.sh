@@ -52,7 +52,7 @@ step() { printf '\n==> [%4ss] %s\n' "$(($(date +%s) - START))" "$*"; }
 # Packages of each profile. Only --no-install-recommends installs, so list what is needed.
 BASE_PACKAGES=(
     systemd systemd-sysv dbus libpam-systemd openssh-server sudo python3 iproute2 procps less
-    ca-certificates netbase nano
+    ca-certificates netbase nano tmux
     tigervnc-standalone-server xfonts-base x11-xserver-utils xterm
 )
 MINIMAL_PACKAGES=(openbox)

@@ -127,6 +127,10 @@ TEMPLATES = [
 
 DATABASES = {"default": env.dj_db_url("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lebureau")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", 60)
+# A connection kept between requests or tasks, or lent by the pool, may have been cut meanwhile
+# (PostgreSQL restarted): it is tried before its first use and replaced if dead, rather than failing
+# that request or task.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # The web server runs each request in a thread of its own: without a pool, a burst of requests opens
 # as many connections and PostgreSQL refuses the ones past max_connections (a 500 each). With a pool
 # (the Procfile's web process sets it), requests wait their turn for one of at most this many.
@@ -278,6 +282,13 @@ CELERY_BEAT_SCHEDULE["approvals-expire"] = {
     "task": "workers.tasks.approvals_expire",
     "schedule": 30.0,
     "options": {"expires": 30.0},
+}
+# Alerts (desktops/alerts.py): their rules run over every live desktop this often.
+ALERTS_INTERVAL = env.float("ALERTS_INTERVAL", 30.0)
+CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
+    "task": "workers.tasks.alerts_evaluate",
+    "schedule": ALERTS_INTERVAL,
+    "options": {"expires": ALERTS_INTERVAL},
 }
 CELERY_BEAT_SCHEDULE["chat-resume"] = {
     "task": "workers.tasks.chat_resume",

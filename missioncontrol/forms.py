@@ -5,6 +5,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 
 from billing.selectors import price_of
+from desktops.alerts import THRESHOLDS
 from desktops.models import ApiScope, DesktopState, EgressMode, LLMProvider, Role
 from desktops.selectors import plan_list
 
@@ -149,6 +150,15 @@ class ApprovalPolicyForm(forms.Form):
         required=False, max_length=500, assume_scheme="https", label=_lazy("Webhook (requests and answers)")
     )
     rotate_secret = forms.BooleanField(required=False, label=_lazy("New signing secret"))
+
+
+class AlertThresholdsForm(PageForm):
+    """One field per threshold of the workspace's alerts (desktops.alerts.THRESHOLDS)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, t in THRESHOLDS.items():
+            self.fields[name] = forms.IntegerField(min_value=t.low, max_value=t.high, label=t.label)
 
 
 class InviteForm(PageForm):

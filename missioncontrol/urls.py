@@ -19,6 +19,7 @@ urlpatterns = [
     path("w/<str:workspace_id>/settings/agent/", views.agent_command_set, name="agent_command_set"),
     path("w/<str:workspace_id>/settings/egress/", views.workspace_egress, name="workspace_egress"),
     path("w/<str:workspace_id>/settings/approvals/", views.approval_policy_set, name="approval_policy_set"),
+    path("w/<str:workspace_id>/settings/alerts/", views.alert_thresholds_set, name="alert_thresholds_set"),
     path("w/<str:workspace_id>/settings/delete/", views.workspace_delete, name="workspace_delete"),
     path("w/<str:workspace_id>/members/invite/", views.member_invite, name="member_invite"),
     path("w/<str:workspace_id>/members/<str:membership_id>/role/", views.member_role, name="member_role"),
@@ -33,6 +34,8 @@ urlpatterns = [
     path("w/<str:workspace_id>/audit/", views.audit, name="audit"),
     path("w/<str:workspace_id>/approvals/", views.approval_queue, name="approvals"),
     path("approvals/<str:approval_id>/decide/", views.approval_decide, name="approval_decide"),
+    path("w/<str:workspace_id>/alerts/", views.alert_list, name="alerts"),
+    path("alerts/<str:alert_id>/acknowledge/", views.alert_acknowledge, name="alert_acknowledge"),
     path("w/<str:workspace_id>/costs/", views.costs, name="costs"),
     path("w/<str:workspace_id>/model-prices/new/", views.model_price_set, name="model_price_set"),
     path(

@@ -29,17 +29,16 @@ from billing.selectors import (
     agent_model,
     agent_usage_of_desktop,
     agent_usage_of_workspace,
-    costs_month_to_date,
     costs_of_desktop,
     costs_of_workspace,
+    fleet_spend_shown,
     model_price_list,
     plan_prices,
     quota_of,
     spend_alerts_this_month,
-    spend_this_month_shown,
     tier_list,
 )
-from desktops import approvals, egress, schedules, selectors, services, webhooks
+from desktops import alerts, approvals, egress, schedules, selectors, services, webhooks
 from desktops.agent_failures import failure_of
 from desktops.audit import Actor
 from desktops.engines import desktop_blocked_egress, desktop_resource_usage
@@ -96,6 +95,7 @@ def page(request, template: str, **context):
             "approvals_waiting": approvals.approval_list(
                 actor=request.actor, workspace_id=request.workspace.id, status=approvals.Status.PENDING
             ).count(),
+            "alerts_open": alerts.alerts_open_count(workspace_id=request.workspace.id),
             **context,
         },
     )
@@ -186,19 +186,18 @@ def desktops(request, new_form=None):
     if state == forms.FAILING:
         rows = rows.filter(selectors.FAILING)
     rows = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
-    spent = spend_this_month_shown(request.workspace)
-    costs = costs_month_to_date(workspace=request.workspace, desktop_ids=[d.id for d in rows])
+    spend = fleet_spend_shown(request.workspace)
     waiting = approvals.approvals_waiting_by_desktop(desktop_ids=[d.id for d in rows])
     for desktop in rows:
         desktop.waiting_approvals = waiting.get(desktop.id, 0)
-        desktop.cost = costs.get(desktop.id, 0)
+        desktop.cost = spend.by_desktop.get(desktop.id, 0)
         desktop.failure = failure_of(desktop.outcome_detail) if desktop.outcome == "error" else None
         desktop.uptime = timezone.now() - desktop.state_changed_at if desktop.state in LIVE_STATES else None
     return page(
         request,
         "missioncontrol/desktops.html",
         summary=selectors.fleet_summary(workspace=request.workspace),
-        spent=spent,
+        spent=spend.total,
         desktops=rows,
         filters=filters,
         filtered=any(filters.cleaned_data.values()),
@@ -469,6 +468,50 @@ def approval_decide(request, approval_id):
     return redirect(reverse("approvals", args=[approval.desktop.workspace_id]))
 
 
+# Alerts shown on one page of the list.
+ALERTS_SHOWN = 100
+
+
+@workspace_page()
+def alert_list(request):
+    """The workspace's alerts, filtered (`status`, `kind`, `desktop`; open ones by default);
+    `?fragment=1` is the list alone, which the page fetches again whenever one is raised or acknowledged."""
+    status = request.GET.get("status", alerts.Status.OPEN)
+    kind, desktop_id = request.GET.get("kind", ""), request.GET.get("desktop", "")
+    found = alerts.alert_list(
+        actor=request.actor,
+        workspace_id=request.workspace.id,
+        desktop_id=desktop_id or None,
+        status=status if status in alerts.Status.values else None,
+        kind=kind if kind in alerts.Kind.values else None,
+    )[:ALERTS_SHOWN]
+    for alert in found:
+        alert.message = alerts.alert_message(alert)
+    return page(
+        request,
+        "missioncontrol/alert_list.html" if request.GET.get("fragment") else "missioncontrol/alerts.html",
+        alerts=found,
+        status=status,
+        kind=kind,
+        desktop_id=desktop_id,
+        statuses=alerts.Status.choices,
+        kinds=alerts.Kind.choices,
+        desktops=selectors.desktop_list(actor=request.actor, workspace_id=request.workspace.id),
+        filters=request.GET.urlencode(),
+        can_acknowledge=request.role.rank >= Role(request.workspace.control_role).rank,
+    )
+
+
+@require_POST
+@login_required
+def alert_acknowledge(request, alert_id):
+    actor, alert = _found(request, alerts.alert_get, alert_id=alert_id)
+    attempt(request, lambda: alerts.alert_acknowledge(actor=actor, alert_id=alert.id), _("Acknowledged."))
+    if request.headers.get("X-Requested-With") == "fetch":
+        return HttpResponse(status=204)
+    return redirect(reverse("alerts", args=[alert.workspace_id]))
+
+
 def workspace_events(request, workspace_id):
     """Live desktop states: one server-sent event stream per workspace, for its members only.
 
@@ -510,6 +553,7 @@ def settings_page(request, **bound):
             "api_key_form": forms.ApiKeyForm(),
             "llm_key_form": forms.LLMKeyForm(),
             "model_price_form": forms.ModelPriceForm(),
+            "thresholds_form": forms.AlertThresholdsForm(initial=alerts.thresholds_of(workspace)),
             **bound,
         },
         agent_model=agent_model(workspace),
@@ -614,6 +658,12 @@ workspace_rename = _settings_post(
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
     "Workspace renamed.",
     shown_as="rename_form",
+)
+alert_thresholds_set = _settings_post(
+    forms.AlertThresholdsForm,
+    lambda r, d: alerts.alert_thresholds_set(actor=r.actor, workspace_id=r.workspace.id, thresholds=d),
+    _lazy("Alert thresholds saved."),
+    shown_as="thresholds_form",
 )
 approval_policy_set = _settings_post(
     forms.ApprovalPolicyForm, _approval_policy, _lazy("Approval policy saved.")

@@ -24,7 +24,7 @@ from django.db import close_old_connections
 from django.utils.translation import gettext as _
 
 from desktops.events import api_key_group, desktop_group, user_group
-from desktops.guest import desktop_ssh_connect
+from desktops.guest import desktop_ssh_connect, terminal_command
 from desktops.relays import (
     HEARTBEAT_SECONDS,
     Kind,
@@ -220,10 +220,12 @@ class _Shell:
     async def run(self, function, *args):
         return await self.loop.run_in_executor(self.worker, function, *args)
 
-    def open(self, desktop_id: str, host: str, cols: int, rows: int) -> None:
+    def open(self, desktop_id: str, host: str, cols: int, rows: int, command: str) -> None:
         try:
             self.ssh = desktop_ssh_connect(desktop_id=desktop_id, host=host, timeout=10)
-            self.channel = self.ssh.invoke_shell(term="xterm-256color", width=cols, height=rows)
+            self.channel = self.ssh.get_transport().open_session()
+            self.channel.get_pty(term="xterm-256color", width=cols, height=rows)
+            self.channel.exec_command(command)
         finally:
             close_old_connections()  # this thread's database connection is not needed again
         # Wakes the reader regularly, so it notices a close even when the shell says nothing.
@@ -261,7 +263,7 @@ class _Shell:
 
 
 class TerminalRelayConsumer(RelayConsumer):
-    """xterm.js <-> a PTY shell in the desktop over SSH.
+    """xterm.js <-> the desktop's shared terminal session (``terminal_command``), in a PTY over SSH.
 
     Browser -> relay: JSON text frames {"type": "input"|"resize"|"ack", …}.
     Relay -> browser: the shell's raw output as binary frames. The page acknowledges
@@ -291,7 +293,8 @@ class TerminalRelayConsumer(RelayConsumer):
         self.output: asyncio.Queue[bytes] = asyncio.Queue()
         self.shell = _Shell(asyncio.get_running_loop(), self.output, self.HIGH_WATER, self.LOW_WATER)
         try:
-            await self.shell.run(self.shell.open, self.grant.desktop_id, host, cols, rows)
+            command = terminal_command(control=self.may_control)
+            await self.shell.run(self.shell.open, self.grant.desktop_id, host, cols, rows, command)
         except (paramiko.SSHException, OSError) as exc:
             await self.shell.run(self.shell.close)
             raise RelayDenied(4502, _("The desktop's terminal is not answering.")) from exc

@@ -8,8 +8,9 @@ step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 step "System packages"
 # Services, the browser libraries' toolchain, and what the tests dial: a real VNC server with an
-# xterm on it, sshd, xclip to read a screen's clipboard, and Chromium for the browser tests.
-scripts/apt-ensure.sh postgresql redis-server python3-venv tigervnc-standalone-server xterm xclip \
+# xterm on it, sshd, xclip to read a screen's clipboard, tmux for the terminal every viewer shares, and
+# Chromium for the browser tests.
+scripts/apt-ensure.sh postgresql redis-server python3-venv tigervnc-standalone-server xterm xclip tmux \
     openssh-server chromium gettext
 # Any Node.js with npm will do for the browser libraries; Debian's only if there is none.
 command -v npm >/dev/null || scripts/apt-ensure.sh nodejs npm

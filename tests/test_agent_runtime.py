@@ -99,6 +99,13 @@ def test_keys_reach_the_agent_and_nowhere_else(
     nobody = run(desktop, "sudo -u nobody cat /home/agent/.openclaw/openclaw.json 2>&1 || echo refused")
     assert "refused" in nobody and secret not in nobody
     assert json.loads(text)["agents"]["defaults"]["model"]["primary"].endswith("/scripted")
+    # The desktop warmed its agent up as it booted, on a model of its own loopback: no provider was
+    # asked, no token spent.
+    deadline = time.monotonic() + 180
+    while not run(desktop, "cat ~/.cache/bureau/agent-warm 2>/dev/null || true").strip():
+        assert time.monotonic() < deadline, "the agent was not warmed up"
+        time.sleep(0.5)
+    assert scripted_model.requests == []
 
     # The whole path: API → SSH → OpenClaw → scripted model asking for a command → command run → answer.
     scripted_model.script(

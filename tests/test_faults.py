@@ -1,16 +1,20 @@
 """Faults a deployment meets, on real processes: a worker killed -9 in the middle of a step, Redis
-restarted with steps queued. Each test runs a control plane of its own (tests/support/stack.py)."""
+restarted with steps queued, PostgreSQL restarted under a step. Each test runs a control plane of its
+own (tests/support/stack.py)."""
 
 import time
 
 import pytest
+from django.conf import settings
+from django.db import connection
 
 from desktops.models import Desktop, DesktopEvent, Role
 from tests.conftest import service_env
 from tests.factories import api_key_for
 from tests.support.desktops import wait_for_state
+from tests.support.postgres import PrivateCluster, reading
 from tests.support.stack import Stack
-from workers.drivers.base import InstanceState
+from workers.drivers.base import InstanceState, ProvisionStep
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -101,3 +105,54 @@ def test_steps_queued_when_redis_restarts_are_sent_again_by_reconcile(stack, dri
         wait_for_state(desktop_id, "running", timeout=60)
         assert states_of(desktop_id) == ["provisioning", "running"]
         driver.destroy(desktop_id)
+
+
+def events_of(desktop_id: str) -> list[tuple]:
+    return list(
+        DesktopEvent.objects.filter(desktop_id=desktop_id)
+        .order_by("created_at")
+        .values_list("id", "from_state", "to_state", "created_at")
+    )
+
+
+def test_a_postgresql_restart_under_a_provision_is_weathered_by_web_and_worker(
+    members, plan, driver_dir, driver, tmp_path
+):
+    """PostgreSQL restarted (its own server: the machine's is shared) while a provision waits on its
+    engine: the web server answers again with the connections its pool holds cut, and the worker
+    writes the step's end on a new connection, once."""
+    key = api_key_for(members[Role.MEMBER])
+    with PrivateCluster() as postgres:
+        env = service_env(driver_dir, tmp_path, DATABASE_URL=postgres.copy_of(settings.DATABASES["default"]))
+        env.pop("DATABASE_CONN_MAX_AGE")  # the worker keeps its connection between tasks, as deployed
+        with reading(postgres), Stack(env, tmp_path, key=key) as stack:
+            running = create(stack, "up-across-the-restart")
+            wait_for_state(running, "running")
+            stack.api.get("/api/desktops").raise_for_status()  # the pool holds a connection now
+            before = events_of(running)
+            driver.inject_fault("restarted-under", "provision", message=None, delay=4)
+            desktop_id = create(stack, "restarted-under")
+            # Its last progress written, the step waits on the engine.
+            deadline = time.monotonic() + 30
+            while not Desktop.objects.filter(id=desktop_id, progress=ProvisionStep.READY).exists():
+                assert time.monotonic() < deadline, "the provision never reached the engine"
+                time.sleep(0.05)
+
+            postgres.restart()
+            connection.close()  # the test's own connection was cut too
+
+            # The first request after the restart is answered, by the same web server.
+            for _ in range(3):
+                response = stack.api.get("/api/desktops")
+                assert response.status_code == 200, response.text
+            assert {d["id"] for d in response.json()["results"]} == {running, desktop_id}
+            wait_for_state(desktop_id, "running", timeout=60)
+            assert states_of(desktop_id) == CHAINS["provision"]
+            assert driver.status(desktop_id).state == InstanceState.RUNNING
+            wait_for_no_worker_on(desktop_id)
+            # The desktop running throughout keeps the one interval its time is metered from.
+            assert Desktop.objects.get(id=running).state == "running"
+            assert events_of(running) == before
+            assert stack.worker.poll() is None, "the worker survived the restart"
+            for key_ in (running, desktop_id):
+                driver.destroy(key_)

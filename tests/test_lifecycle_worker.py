@@ -34,7 +34,10 @@ pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def api(celery_worker, members, plan):
-    return client_for(key=api_key_for(members[Role.MEMBER]))
+    yield client_for(key=api_key_for(members[Role.MEMBER]))
+    # A desktop that runs sets off more work (its agent's configuration, its egress policy): it must
+    # not be writing while the next test's database is emptied.
+    wait_for_idle_lifecycle_worker()
 
 
 def create(api, name="agent-01"):

@@ -6,6 +6,7 @@ import paramiko
 import pytest
 from django.test import Client
 
+from desktops import alerts
 from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop, Role
 from tests.conftest import LXC_IMAGE, client_for
@@ -70,6 +71,21 @@ def test_a_policy_set_in_the_api_holds_in_a_running_desktop_within_seconds(
     page = viewer.get(f"/desktops/{desktop.id}/").content.decode()
     assert "<code>blocked.test</code>" in page.split('id="blocked-names"')[1].split("</table>")[0]
     assert f"<code>{BLOCKED}</code>" in page.split('id="blocked-egress"')[1].split("</table>")[0]
+    # Counted by destination from the engine's counters, in the API; a burst of them raises an alert.
+    burst = {"alertThresholds": {"blockedPerMinute": 1}}
+    assert admin.patch(f"/api/workspaces/{workspace.id}", burst, format="json").status_code == 200
+    assert alerts.alerts_evaluate() == {}  # a first reading: nothing to make a rate of yet
+
+    def counted():
+        found = client_for(key=api_key_for(members[Role.VIEWER])).get(f"/api/desktops/{desktop.id}/blocked")
+        return {(b["via"], b["destination"]): b["attempts"] for b in found.json()["results"]}
+
+    before = counted()
+    assert before[("name", "blocked.test")] >= 1 and before[("address", BLOCKED)] >= 1
+    assert ("address", ALLOWED) not in before
+    assert fetch(desktop, f"http://{BLOCKED}/") is None
+    assert alerts.alerts_evaluate() == {"egress": 1}
+    assert counted()[("address", BLOCKED)] > before[("address", BLOCKED)]
 
     # Open, for the workspace: the running desktop follows, without a restart.
     assert (

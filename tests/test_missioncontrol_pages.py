@@ -21,6 +21,8 @@ def page_urls(ws, desktop):
         f"/desktops/{desktop.id}/",
         f"/w/{ws.id}/approvals/",
         f"/w/{ws.id}/approvals/?fragment=1&desktop={desktop.id}",
+        f"/w/{ws.id}/alerts/",
+        f"/w/{ws.id}/alerts/?status=&kind=error&desktop={desktop.id}&fragment=1",
     ]
 
 

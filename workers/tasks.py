@@ -8,12 +8,25 @@ import paramiko
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db import OperationalError
 from django.utils.translation import gettext as _
 
 from billing import services as billing
-from desktops import agent_config, approvals, chat, egress, engines, lifecycle, schedules, selectors, webhooks
+from desktops import (
+    agent_config,
+    alerts,
+    approvals,
+    chat,
+    egress,
+    engines,
+    lifecycle,
+    schedules,
+    selectors,
+    webhooks,
+)
 from desktops.engines import TransientDriverError
 from desktops.queue import (
+    ALERT_EMAIL,
     APPROVAL_EMAIL,
     CHAT_DELIVER,
     CHAT_STOP,
@@ -96,7 +109,9 @@ def _step_task(action: str):
         bind=True,
         action=action,
         acks_late=True,
-        autoretry_for=(TransientDriverError,),
+        # OperationalError: the database cut off for a moment (PostgreSQL restarted): the step is
+        # carried out again on a new connection, harmlessly as a redelivered one (`desktop_run_step`).
+        autoretry_for=(TransientDriverError, OperationalError),
         retry_backoff=2,
         retry_backoff_max=settings.DRIVER_RETRY_BACKOFF_MAX,
         retry_jitter=True,
@@ -244,6 +259,25 @@ def approvals_expire() -> int:
 def approval_email(*, approval_id: str) -> int:
     """Tell the people who may answer a request for approval that it waits."""
     return approvals.approval_email(approval_id=approval_id)
+
+
+@shared_task(name="workers.tasks.alerts_evaluate", acks_late=True, soft_time_limit=120, time_limit=150)
+def alerts_evaluate() -> dict[str, int]:
+    """Beat: run the alert rules over every live desktop (and record their blocked egress attempts)."""
+    return alerts.alerts_evaluate()
+
+
+@shared_task(
+    name=ALERT_EMAIL,
+    acks_late=True,
+    autoretry_for=(OSError,),  # the mail server not answering
+    retry_backoff=5,
+    max_retries=5,
+    soft_time_limit=60,
+)
+def alert_email(*, alert_id: str) -> int:
+    """Tell the people who may take control of a desktop of an alert raised on it."""
+    return alerts.alert_email(alert_id=alert_id)
 
 
 @shared_task(

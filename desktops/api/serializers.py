@@ -12,12 +12,15 @@ from billing.models import ModelPrice, Tier
 from billing.selectors import price_of
 from desktops import screen
 from desktops.agent_failures import agent_failure
+from desktops.alerts import THRESHOLDS, alert_message, thresholds_of
 from desktops.approvals import approval_status
 from desktops.models import (
+    Alert,
     ApiKey,
     ApiScope,
     Approval,
     AuditEvent,
+    BlockedAttempt,
     ChatMessage,
     Desktop,
     DesktopEvent,
@@ -267,7 +270,26 @@ class DesktopEventSerializer(serializers.ModelSerializer):
         fields = ["id", "from_state", "to_state", "actor", "reason", "created_at"]
 
 
+# When the workspace's alerts fire, one field per threshold (desktops.alerts.THRESHOLDS), each with a default.
+AlertThresholdsSerializer = type(
+    "AlertThresholdsSerializer",
+    (serializers.Serializer,),
+    {
+        name: serializers.IntegerField(
+            min_value=t.low, max_value=t.high, required=False, help_text=f"{t.label} ({t.default})"
+        )
+        for name, t in THRESHOLDS.items()
+    },
+)
+
+
 class WorkspaceSerializer(serializers.ModelSerializer):
+    alert_thresholds = serializers.SerializerMethodField()
+
+    @extend_schema_field(AlertThresholdsSerializer)
+    def get_alert_thresholds(self, workspace) -> dict:
+        return thresholds_of(workspace)
+
     class Meta:
         model = Workspace
         fields = [
@@ -277,6 +299,7 @@ class WorkspaceSerializer(serializers.ModelSerializer):
             "control_role",
             "approval_role",
             "approval_timeout",
+            "alert_thresholds",
             "created_at",
         ]
         read_only_fields = ["agent_command", "control_role", "approval_role", "approval_timeout"]
@@ -302,6 +325,9 @@ class WorkspaceUpdateSerializer(serializers.Serializer):
     )
     approval_timeout = serializers.IntegerField(
         required=False, help_text="Seconds a request for approval waits, by default, before it is refused."
+    )
+    alert_thresholds = AlertThresholdsSerializer(
+        required=False, help_text="Thresholds to change; those left out keep their value."
     )
 
 
@@ -722,6 +748,55 @@ class ApprovalQuery(serializers.Serializer):
 
 class ApprovalDecisionSerializer(serializers.Serializer):
     comment = serializers.CharField(required=False, default="", allow_blank=True, max_length=2000)
+
+
+# Alerts
+
+
+class AlertSerializer(serializers.ModelSerializer):
+    desktop_name = serializers.CharField(source="desktop.name", read_only=True)
+    message = serializers.SerializerMethodField(help_text="What happened, in words.")
+    acknowledged_by = serializers.SerializerMethodField()
+
+    def get_message(self, alert) -> str:
+        return alert_message(alert)
+
+    def get_acknowledged_by(self, alert) -> str:
+        return alert.acknowledged_by.email if alert.acknowledged_by else ""
+
+    class Meta:
+        model = Alert
+        fields = [
+            "id",
+            "workspace",
+            "desktop",
+            "desktop_name",
+            "kind",
+            "status",
+            "message",
+            "detail",
+            "raised_at",
+            "acknowledged_by",
+            "acknowledged_at",
+        ]
+
+
+class AlertQuery(serializers.Serializer):
+    workspace = serializers.CharField(required=False, help_text="Workspace id (ws_…)")
+    desktop = serializers.CharField(required=False, help_text="Desktop id (dsk_…)")
+    status = serializers.ChoiceField(choices=Alert.Status.values, required=False)
+    kind = serializers.ChoiceField(choices=Alert.Kind.values, required=False)
+
+
+class BlockedAttemptSerializer(serializers.ModelSerializer):
+    via = serializers.ChoiceField(
+        choices=BlockedAttempt.Via.values,
+        help_text="name: look-ups its resolver refused; address: packets dropped on their way there.",
+    )
+
+    class Meta:
+        model = BlockedAttempt
+        fields = ["via", "destination", "attempts", "first_at", "last_at"]
 
 
 # Webhooks

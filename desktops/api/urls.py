@@ -24,6 +24,7 @@ router.register("llm-keys", views.LLMKeyViewSet, basename="llm-key")
 router.register("audit", views.AuditViewSet, basename="audit")
 router.register("schedules", views.ScheduleViewSet, basename="schedule")
 router.register("approvals", views.ApprovalViewSet, basename="approval")
+router.register("alerts", views.AlertViewSet, basename="alert")
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -25,11 +25,12 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import approvals, bulk, chat, egress, schedules, screen, selectors, services, webhooks
+from desktops import alerts, approvals, bulk, chat, egress, schedules, screen, selectors, services, webhooks
 from desktops.api import serializers as s
 from desktops.api.rendering import ImageNegotiation
 from desktops.audit import Actor
 from desktops.commands import desktop_exec
+from desktops.egress_blocked import blocked_attempts_of
 from desktops.errors import Forbidden
 from desktops.labels import desktops_label
 from desktops.models import DesktopState, Role
@@ -457,6 +458,13 @@ class DesktopViewSet(ApiViewSet):
             )
         return Response(s.EgressSerializer(policy).data)
 
+    @extend_schema(responses=s.BlockedAttemptSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def blocked(self, request, pk):
+        """What the desktop tried to reach and its egress policy refused, per destination, the latest
+        attempt first, with how many attempts were counted (read from its engine every half-minute)."""
+        return self.page(blocked_attempts_of(desktop=self._desktop(pk)), s.BlockedAttemptSerializer)
+
     def _desktop(self, pk, minimum=Role.VIEWER):
         return selectors.desktop_get(actor=self.actor, desktop_id=pk, minimum=minimum)
 
@@ -567,6 +575,10 @@ class WorkspaceViewSet(ApiViewSet):
                     workspace_id=pk,
                     role=data.get("approval_role"),
                     timeout=data.get("approval_timeout"),
+                )
+            if "alert_thresholds" in data:
+                workspace = alerts.alert_thresholds_set(
+                    actor=self.actor, workspace_id=pk, thresholds=data["alert_thresholds"]
                 )
         return Response(s.WorkspaceSerializer(workspace).data)
 
@@ -850,3 +862,31 @@ class ApprovalViewSet(ApiViewSet):
             actor=self.actor, approval_id=pk, approve=approve, comment=comment
         )
         return Response(s.ApprovalSerializer(approval).data)
+
+
+class AlertViewSet(ApiViewSet):
+    """What the alert rules found on your desktops: raised, shown, told, and acknowledged by a person."""
+
+    serializer_class = s.AlertSerializer
+
+    @extend_schema(parameters=[s.AlertQuery])
+    def list(self, request):
+        """The alerts of your workspaces, newest first; `?status=open` is what nobody has seen to yet."""
+        query = self.query(s.AlertQuery)
+        found = alerts.alert_list(
+            actor=self.actor,
+            workspace_id=query.get("workspace"),
+            desktop_id=query.get("desktop"),
+            status=query.get("status"),
+            kind=query.get("kind"),
+        )
+        return self.page(found, s.AlertSerializer)
+
+    def retrieve(self, request, pk):
+        return Response(s.AlertSerializer(alerts.alert_get(actor=self.actor, alert_id=pk)).data)
+
+    @extend_schema(request=None, responses={200: s.AlertSerializer, 409: NOT_NOW})
+    @action(detail=True, methods=["post"])
+    def acknowledge(self, request, pk):
+        """Say you have seen to the alert (the role that may take control of desktops); once."""
+        return Response(s.AlertSerializer(alerts.alert_acknowledge(actor=self.actor, alert_id=pk)).data)

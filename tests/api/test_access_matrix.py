@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from desktops import approvals
+from desktops import alerts, approvals
 from desktops.models import Invitation, Role
 from tests.conftest import client_for
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
@@ -446,6 +446,37 @@ LOOP_CASES = [
     ),
 ]
 CASES += LOOP_CASES
+
+
+def _alert(ws, m):
+    desktop = DesktopFactory(workspace=ws, state="error")
+    alerts.alerts_evaluate()
+    return desktop.alerts.get().id
+
+
+ALERT_CASES = [
+    Case("list alerts", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/alerts?workspace={ws.id}", None)),
+    Case("get alert", Role.VIEWER, 200, lambda ws, m: ("get", f"/api/alerts/{_alert(ws, m)}", None)),
+    Case(
+        "acknowledge an alert",
+        Role.MEMBER,
+        200,
+        lambda ws, m: ("post", f"/api/alerts/{_alert(ws, m)}/acknowledge", None),
+    ),
+    Case(
+        "set the alert thresholds",
+        Role.ADMIN,
+        200,
+        lambda ws, m: ("patch", f"/api/workspaces/{ws.id}", {"alertThresholds": {"cpuPercent": 80}}),
+    ),
+    Case(
+        "blocked egress attempts",
+        Role.VIEWER,
+        200,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m)}/blocked", None),
+    ),
+]
+CASES += ALERT_CASES
 
 
 def _invitation(workspace, members) -> str:

@@ -292,7 +292,7 @@ def test_llm_openai_compatible_needs_a_model(owner, workspace):
 
 
 def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
-    from desktops.agent_config import GATEWAY_PORT, gateway_token, openclaw_config
+    from desktops.agent_config import GATEWAY_PORT, WARMUP_PROVIDER, gateway_token, openclaw_config
 
     client = client_for(owner)
     for provider, name, extra in (
@@ -328,6 +328,9 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
     # Stable per desktop, different between desktops.
     assert gateway["auth"]["token"] == gateway_token("dsk_abc") != gateway_token("dsk_xyz")
     assert "agents" not in openclaw_config(desktop_id="dsk_abc", keys=[])
+    # Besides the keys, only the desktop's own warm-up model, on its loopback.
+    assert providers.keys() - {k.id.replace("_", "-") for k in keys} == WARMUP_PROVIDER.keys()
+    assert all(p["baseUrl"].startswith("http://127.0.0.1:") for p in WARMUP_PROVIDER.values())
 
 
 # Workspaces and members

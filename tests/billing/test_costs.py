@@ -3,12 +3,14 @@ changes of tier and credits in the admin."""
 
 import csv
 import io
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 import time_machine
 
+from billing import selectors as billing_selectors
 from billing import services as billing
 from billing.models import CreditGrant, ModelPrice, StorageDay, Subscription, Tier
 from billing.selectors import tier_of
@@ -265,3 +267,22 @@ def test_the_desktop_page_shows_its_month(client, members, workspace, fleet):
     with time_machine.travel(NOW, tick=False):
         page = client.get(f"/desktops/{alpha.id}/").content.decode()
     assert "€1.12: 10.00 h running, 120.0 GiB-hours of disk" in page
+
+
+def test_the_desktops_page_shows_each_rows_month_and_the_fleets_measured_at_most_once_a_while(
+    client, members, workspace, fleet, plan, monkeypatch
+):
+    monkeypatch.setattr(billing_selectors, "SPEND_SHOWN_FOR", 1)  # seconds, in the cache's own clock
+    client.force_login(members[Role.VIEWER].user)
+    url = f"/w/{workspace.id}/desktops/"
+    with time_machine.travel(NOW, tick=False):
+        page = client.get(url).content.decode()
+        alpha_row = page[page.index('data-desktop="' + fleet[0].id) :].split("</tr>")[0]
+        assert "€1.12" in alpha_row  # 10 h running and 120 GiB-hours, as on its own page
+        assert 'data-figure="spent">€2.82<' in page  # the workspace's whole month, models included
+        # A desktop that starts costing shows in the list once the figure shown expires, not at once.
+        gamma = DesktopFactory(workspace=workspace, plan=plan, name="gamma")
+        history(gamma, (at(3, 0), DesktopState.RUNNING), (at(3, 10), DesktopState.STOPPED))
+        assert 'data-figure="spent">€2.82<' in client.get(url).content.decode()
+        time.sleep(1.1)
+        assert 'data-figure="spent">€3.82<' in client.get(url).content.decode()

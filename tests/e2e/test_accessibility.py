@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from desktops import alerts
 from desktops.models import DesktopState, Role
 from tests.e2e.conftest import log_in
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
@@ -35,6 +36,8 @@ def test_no_page_has_a_serious_accessibility_violation(browser, site, workspace,
     page = context.new_page()
     owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
     desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="a11y-desk")
+    DesktopFactory(workspace=workspace, state=DesktopState.ERROR, name="a11y-broken")
+    alerts.alerts_evaluate()  # an open alert on the alerts page
     api_key_for(owner)
     found = {}
     for path in ("/", "/accounts/login/", "/accounts/signup/", "/pricing/"):
@@ -46,6 +49,7 @@ def test_no_page_has_a_serious_accessibility_violation(browser, site, workspace,
         f"/w/{workspace.id}/settings/",
         f"/w/{workspace.id}/costs/",
         f"/w/{workspace.id}/audit/",
+        f"/w/{workspace.id}/alerts/",
         f"/desktops/{desktop.id}/",
     ):
         page.goto(f"{site}{path}")

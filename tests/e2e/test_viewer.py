@@ -60,6 +60,7 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     page.click("#terminal")
     page.keyboard.type("echo relay-$((40+2))\n", delay=10)
     expect(page.locator("#terminal .xterm-rows")).to_contain_text("relay-42", timeout=10000)
+    expect(page.locator("#terminal-view-only")).to_be_hidden()
     screenshot(page, "viewer-04-terminal")
 
     # The chat pane: a task for the agent, and its answer (here the workspace's agent is `echo`).
@@ -80,7 +81,15 @@ def test_viewer_screen_and_terminal(page, site, lxc_api, workspace):
     page.keyboard.type("echo viewer-typed-$((1+1))\n", delay=10)
     page.wait_for_timeout(1000)
     expect(page.locator("#terminal .xterm-rows")).not_to_contain_text("viewer-typed-2")
+    expect(page.locator("#terminal-view-only")).to_be_visible()
+    # Watching shows the very shell typed into in control: one session per desktop, kept.
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("relay-42")
     screenshot(page, "viewer-06-view-mode")
+
+    # A reload finds it again, running programs, screen and all.
+    page.reload()
+    expect(page.locator("#terminal-status")).to_be_hidden(timeout=15000)
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("relay-42", timeout=10000)
 
     # Stopping the desktop (as the page's own API calls do) closes the relays with words.
     page.evaluate(

@@ -67,7 +67,15 @@ def test_metadata_records_profile_date_and_package_hash(image):
     packages = (image / "packages.txt").read_bytes()
     assert meta["packages_sha256"] == hashlib.sha256(packages).hexdigest()
     names = {line.split("=")[0] for line in packages.decode().splitlines()}
-    assert {"openssh-server", "tigervnc-standalone-server", "openbox", "xterm", "python3", "sudo"} <= names
+    assert {
+        "openssh-server",
+        "tigervnc-standalone-server",
+        "openbox",
+        "xterm",
+        "python3",
+        "sudo",
+        "tmux",
+    } <= names
     # The guest can read which build it runs.
     # The VM disk's entry is added to the record after the root filesystem (and its copy) is made.
     meta.pop("qcow2", None)
@@ -87,7 +95,14 @@ def test_rootfs_is_shifted_for_unprivileged_containers(image):
 
 def test_guest_contract_files(image):
     rootfs = image / "rootfs"
-    for path in ("usr/bin/Xvnc", "usr/sbin/sshd", "usr/bin/xterm", "usr/bin/openbox", "usr/local/bin/bureau"):
+    for path in (
+        "usr/bin/Xvnc",
+        "usr/sbin/sshd",
+        "usr/bin/xterm",
+        "usr/bin/openbox",
+        "usr/bin/tmux",
+        "usr/local/bin/bureau",
+    ):
         # lexists: absolute symlinks (alternatives, systemd wants) point into the guest, not the host.
         assert os.path.lexists(rootfs / path), path
     wants = rootfs / "etc/systemd/system/multi-user.target.wants/bureau-vnc.service"

@@ -54,6 +54,14 @@ def ssh_server(relay_settings, tmp_path):
         yield port
 
 
+@pytest.fixture(scope="module", autouse=True)
+def terminal_session():
+    """The terminals' shared session outlives them, as in a desktop: this module's tests share one
+    and leave none behind (ended once its shell is idle, never in the middle of its start-up)."""
+    yield
+    subprocess.run(["tmux", "-L", "bureau", "kill-server"], capture_output=True, check=False)
+
+
 @pytest.fixture
 def desktop(relay_settings, plan):
     return DesktopFactory(id=SCREEN_DESKTOP, state=DesktopState.RUNNING, private_ip="127.0.0.1")
@@ -385,6 +393,23 @@ async def test_terminal_keystrokes_need_a_control_ticket(desktop, member, ssh_se
     await communicator.disconnect()
 
 
+async def test_every_terminal_of_a_desktop_is_one_session_that_outlives_them(desktop, member, ssh_server):
+    first = await relay_for(member, desktop, "terminal")
+    await type_in(first, "cd /tmp && echo kept-$((6*7))\n")
+    await read_until(first, b"kept-42")
+    await first.disconnect()
+    # A reload finds the same shell: its screen redrawn, its working directory kept.
+    again = await relay_for(member, desktop, "terminal")
+    await read_until(again, b"kept-42")
+    # Someone watching sees what the person in control types, as it runs.
+    watcher = await relay_for(member, desktop, "terminal", "view")
+    await read_until(watcher, b"kept-42")
+    await type_in(again, "echo $(pwd)-shared-$((2*21))\n")
+    await read_until(watcher, b"/tmp-shared-42")
+    await again.disconnect()
+    await watcher.disconnect()
+
+
 async def test_terminal_stops_reading_until_the_page_catches_up(desktop, member, ssh_server):
     from proxies.consumers import TerminalRelayConsumer as Relay
 
@@ -398,6 +423,7 @@ async def test_terminal_stops_reading_until_the_page_catches_up(desktop, member,
     await communicator.send_to(text_data=json.dumps({"type": "ack", "bytes": received}))
     more = len(await communicator.receive_from(timeout=5))
     assert more > 0
+    await type_in(communicator, "\x03")  # the flood ends here, not in the next test's shared shell
     await communicator.disconnect()
 
 

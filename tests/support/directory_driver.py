@@ -16,12 +16,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from workers.drivers.base import (
+    BlockedDestination,
+    BlockedEgress,
     ComputeDriver,
     ControlPlane,
     DriverError,
     InstanceSpec,
     InstanceState,
     InstanceStatus,
+    InstanceUsage,
     NetworkPolicy,
     Progress,
     ProvisionStep,
@@ -73,6 +76,18 @@ class DirectoryDriver(ComputeDriver):
         data["disk_bytes"] = used
         self._save(key, data)
 
+    def set_usage(self, key: str, memory_bytes: int, cpu_seconds: float) -> None:
+        """What `usage` answers for the instance: memory in use, CPU time since it started."""
+        data = self._require(key)
+        data["usage"] = [memory_bytes, cpu_seconds]
+        self._save(key, data)
+
+    def set_blocked(self, key: str, names: dict[str, int], addresses: dict[str, int]) -> None:
+        """What `blocked_egress` answers: the engine's counters of refused look-ups and dropped packets."""
+        data = self._require(key)
+        data["blocked"] = [names, addresses]
+        self._save(key, data)
+
     # The interface
 
     def provision(self, spec: InstanceSpec, progress: Progress = no_progress) -> InstanceStatus:
@@ -118,6 +133,20 @@ class DirectoryDriver(ComputeDriver):
     def disk_usage(self, key: str) -> int | None:
         data = self._load(key)
         return None if data is None else data.get("disk_bytes")
+
+    def usage(self, key: str) -> InstanceUsage | None:
+        data = self._load(key)
+        return InstanceUsage(*data["usage"]) if data and data.get("usage") else None
+
+    def blocked_egress(self, key: str) -> BlockedEgress | None:
+        data = self._load(key)
+        if data is None or "blocked" not in data:
+            return None
+        names, addresses = data["blocked"]
+        return BlockedEgress(
+            names=tuple(names.items()),
+            addresses=tuple(BlockedDestination(a, packets, 0) for a, packets in addresses.items()),
+        )
 
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
         data = self._require(key)

@@ -1,6 +1,7 @@
 """A control plane of a test's own, for faults the suite's shared services must not suffer: its own
 Redis, daphne and lifecycle worker, on the test database and the directory engine. The test speaks to
-it over HTTP and reads the database; it can kill -9 the worker or restart Redis."""
+it over HTTP and reads the database; it can kill -9 the worker or restart Redis (and, given a
+PostgreSQL of the test's own in its environment, tests/support/postgres.py, restart that)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,11 @@ class Stack:
             str(self.web_port),
             "lebureau.asgi:application",
         ]
+        # With its connection pool, as the Procfile runs the web process.
+        web_env = {**self.env, "DATABASE_POOL_MAX": "4"}
         self._services.enter_context(
             service_process(
-                f"stack-web-{self.web_port}", web, self.env, self.log_dir, lambda: port_open(self.web_port)
+                f"stack-web-{self.web_port}", web, web_env, self.log_dir, lambda: port_open(self.web_port)
             )
         )
         self.start_worker()
@@ -76,7 +79,8 @@ class Stack:
     def start_worker(self) -> None:
         self.workers += 1
         node = f"stack-{self.web_port}-{self.workers}"
-        args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-c", "2", "-n", f"{node}@%h"]
+        args = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO", "-c", "2"]
+        args += ["-n", f"{node}@%h"]
         self._worker = ExitStack()
         self.worker = self._worker.enter_context(
             service_process(

@@ -142,6 +142,8 @@ function connectTerminal(session) {
   socket.binaryType = "arraybuffer";
   terminalSocket = socket;
   term.options.disableStdin = mode === "view";
+  // Every terminal of the desktop is one shared session: watching shows it, only control types in it.
+  document.getElementById("terminal-view-only").hidden = mode !== "view";
   socket.onopen = () => show(terminalStatus, "");
   socket.onmessage = (event) => {
     const chunk = new Uint8Array(event.data);

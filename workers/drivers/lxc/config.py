@@ -59,6 +59,9 @@ class LxcConfig:
     ready_ports: tuple[int, ...] = (22, 5900)
     ready_timeout: float = 30.0
     stop_timeout: int = 10
+    # Each desktop's claim on a contended CPU, beside a host process's 100 (cgroup v2's cpu.weight):
+    # ten busy desktops would otherwise leave the control plane on the same host a sliver of it.
+    cpu_weight: int = 25
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z][a-z0-9]{1,4}", self.veth_prefix):
@@ -83,4 +86,5 @@ class LxcConfig:
             denied_cidrs=tuple(env.list("LXC_DENIED_CIDRS", list(DENIED_CIDRS))),
             upstream_dns=tuple(env.list("LXC_UPSTREAM_DNS", list(host_nameservers()))),
             resolver_port_base=env.int("LXC_RESOLVER_PORT_BASE", defaults["resolver_port_base"].default),
+            cpu_weight=env.int("LXC_CPU_WEIGHT", defaults["cpu_weight"].default),
         )

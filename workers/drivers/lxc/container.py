@@ -38,6 +38,7 @@ def render_config(config: LxcConfig, spec: InstanceSpec, meta: dict, rootfs: Pat
         caps = [
             f"lxc.cgroup2.memory.max = {memory}",
             f"lxc.cgroup2.cpu.max = {quota} {period}",
+            f"lxc.cgroup2.cpu.weight = {config.cpu_weight}",
             "lxc.cgroup2.pids.max = 4096",
         ]
     else:
@@ -45,6 +46,8 @@ def render_config(config: LxcConfig, spec: InstanceSpec, meta: dict, rootfs: Pat
             f"lxc.cgroup.memory.limit_in_bytes = {memory}",
             f"lxc.cgroup.cpu.cfs_period_us = {period}",
             f"lxc.cgroup.cpu.cfs_quota_us = {quota}",
+            # v1's shares count 1024 where v2's weight counts 100.
+            f"lxc.cgroup.cpu.shares = {config.cpu_weight * 1024 // 100}",
             "lxc.cgroup.pids.max = 4096",
         ]
     prefix = ipaddress.ip_network(config.subnet).prefixlen

@@ -23,6 +23,7 @@ class _Resources:
     tiers: r.Tiers[Any]
     audit: r.Audit[Any]
     approvals: r.Approvals[Any]
+    alerts: r.Alerts[Any]
 
     def _attach(self, runner: Runner) -> None:
         self.desktops = r.Desktops(runner)
@@ -36,6 +37,7 @@ class _Resources:
         self.tiers = r.Tiers(runner)
         self.audit = r.Audit(runner)
         self.approvals = r.Approvals(runner)
+        self.alerts = r.Alerts(runner)
 
 
 class Client(_Resources):
@@ -57,6 +59,7 @@ class Client(_Resources):
     tiers: r.Tiers[Sync]
     audit: r.Audit[Sync]
     approvals: r.Approvals[Sync]
+    alerts: r.Alerts[Sync]
 
     def __init__(
         self,
@@ -96,6 +99,7 @@ class AsyncClient(_Resources):
     tiers: r.Tiers[Async]
     audit: r.Audit[Async]
     approvals: r.Approvals[Async]
+    alerts: r.Alerts[Async]
 
     def __init__(
         self,

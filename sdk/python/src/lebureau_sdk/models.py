@@ -210,6 +210,19 @@ class Schedule:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertThresholds:
+    """When a workspace's alerts fire."""
+
+    memory_percent: int
+    cpu_percent: int
+    disk_percent: int
+    sustained_seconds: int
+    blocked_per_minute: int
+    long_turn_factor: int
+    long_turn_minimum: int
+
+
+@dataclass(frozen=True, slots=True)
 class Workspace:
     id: str
     name: str
@@ -217,6 +230,7 @@ class Workspace:
     control_role: str
     approval_role: str
     approval_timeout: int
+    alert_thresholds: AlertThresholds
     created_at: datetime
 
 
@@ -460,6 +474,34 @@ class Approval:
     decided_by: str
     decided_at: datetime | None
     comment: str
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """What an alert rule found on a desktop, open until someone acknowledges it."""
+
+    id: str
+    workspace: str
+    desktop: str
+    desktop_name: str
+    kind: str
+    status: str
+    message: str
+    detail: dict[str, Any]
+    raised_at: datetime
+    acknowledged_by: str
+    acknowledged_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedAttempt:
+    """A destination a desktop's egress policy refused (`via`: name or address), with its attempts."""
+
+    via: str
+    destination: str
+    attempts: int
+    first_at: datetime
+    last_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

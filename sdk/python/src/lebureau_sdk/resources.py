@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -69,6 +69,7 @@ EGRESS_FIELDS = ("mode", "entries", "allow_llm_providers")
 DESKTOP_EGRESS = Endpoint("GET", "/api/desktops/{desktop_id}/egress", m.Egress)
 DESKTOP_EGRESS_SET = Endpoint("PUT", "/api/desktops/{desktop_id}/egress", m.Egress, body=EGRESS_FIELDS)
 DESKTOP_EGRESS_INHERIT = Endpoint("DELETE", "/api/desktops/{desktop_id}/egress", m.Egress)
+DESKTOP_BLOCKED = Endpoint("GET", "/api/desktops/{desktop_id}/blocked", m.BlockedAttempt, paged=True)
 BULK_CREATE = Endpoint(
     "POST",
     "/api/desktops/bulk",
@@ -288,6 +289,11 @@ class Desktops(Resource[M]):
     def inherit_egress(self, desktop_id: str) -> Plan[m.Egress]:
         """Drop the desktop's own policy: it follows its workspace's again."""
         return (yield DESKTOP_EGRESS_INHERIT.call(desktop_id=desktop_id))
+
+    @streaming(DESKTOP_BLOCKED)
+    def blocked(self, desktop_id: str) -> Stream[m.BlockedAttempt]:
+        """What the desktop tried to reach and its egress policy refused, the latest attempt first."""
+        yield from pages(DESKTOP_BLOCKED.call(desktop_id=desktop_id))
 
     @operation(DESKTOP_EXEC)
     def exec(
@@ -573,7 +579,7 @@ WORKSPACE_UPDATE = Endpoint(
     "PATCH",
     "/api/workspaces/{workspace_id}",
     m.Workspace,
-    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout"),
+    body=("name", "agent_command", "control_role", "approval_role", "approval_timeout", "alert_thresholds"),
 )
 WORKSPACE_DELETE = Endpoint("DELETE", "/api/workspaces/{workspace_id}")
 WEBHOOK = Endpoint("GET", "/api/workspaces/{workspace_id}/webhook", m.Webhook)
@@ -633,7 +639,9 @@ class Workspaces(Resource[M]):
         control_role: str | None = None,
         approval_role: str | None = None,
         approval_timeout: int | None = None,
+        alert_thresholds: Mapping[str, int] | None = None,
     ) -> Plan[m.Workspace]:
+        """Change what is given; `alert_thresholds` changes those it names (`memory_percent`: 80)."""
         call = WORKSPACE_UPDATE.call(
             workspace_id=workspace_id,
             name=name,
@@ -641,6 +649,7 @@ class Workspaces(Resource[M]):
             control_role=control_role,
             approval_role=approval_role,
             approval_timeout=approval_timeout,
+            alert_thresholds=alert_thresholds,
         )
         return (yield call)
 
@@ -958,3 +967,42 @@ class Approvals(Resource[M]):
     @operation(APPROVAL_DENY)
     def deny(self, approval_id: str, *, comment: str | None = None) -> Plan[m.Approval]:
         return (yield APPROVAL_DENY.call(approval_id=approval_id, comment=comment))
+
+
+# Alerts
+
+ALERTS = Endpoint(
+    "GET",
+    "/api/alerts",
+    m.Alert,
+    query=("workspace_id:workspace", "desktop_id:desktop", "status", "kind"),
+    paged=True,
+)
+ALERT = Endpoint("GET", "/api/alerts/{alert_id}", m.Alert)
+ALERT_ACKNOWLEDGE = Endpoint("POST", "/api/alerts/{alert_id}/acknowledge", m.Alert)
+
+
+class Alerts(Resource[M]):
+    """What the alert rules found on the desktops; each stays open until someone acknowledges it."""
+
+    @streaming(ALERTS)
+    def list(
+        self,
+        *,
+        workspace_id: str | None = None,
+        desktop_id: str | None = None,
+        status: str | None = None,
+        kind: str | None = None,
+    ) -> Stream[m.Alert]:
+        """Newest first; `status="open"` is what nobody has seen to yet."""
+        call = ALERTS.call(workspace_id=workspace_id, desktop_id=desktop_id, status=status, kind=kind)
+        yield from pages(call)
+
+    @operation(ALERT)
+    def get(self, alert_id: str) -> Plan[m.Alert]:
+        return (yield ALERT.call(alert_id=alert_id))
+
+    @operation(ALERT_ACKNOWLEDGE)
+    def acknowledge(self, alert_id: str) -> Plan[m.Alert]:
+        """Say you have seen to it (the role that may take control of desktops); once."""
+        return (yield ALERT_ACKNOWLEDGE.call(alert_id=alert_id))
