@@ -40,6 +40,7 @@ BENCHES: dict[str, list[str]] = {
     "density": ["bench/density.py"],
     "egress": ["bench/egress.py"],
     "relay": ["bench/relay.py"],
+    "screen": ["bench/screen.py"],
     "viewers": ["bench/viewers.py"],
     "chat": ["bench/chat.py"],
 }

@@ -22,12 +22,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import close_old_connections
 from django.utils.translation import gettext as _
-from websockets.exceptions import InvalidHandshake
 
-from desktops.engines import desktop_console
-from desktops.errors import Unavailable
 from desktops.events import api_key_group, desktop_group, user_group
-from desktops.guest import desktop_ssh_connect, terminal_command, vnc_password
+from desktops.guest import desktop_ssh_connect, terminal_command
 from desktops.relays import (
     HEARTBEAT_SECONDS,
     Kind,
@@ -38,15 +35,8 @@ from desktops.relays import (
     relay_seen,
     relay_ticket_claim,
 )
-from proxies.console import ConsoleStream
-from proxies.rfb import (
-    BrowserHandshake,
-    ClientMessages,
-    RfbReader,
-    RfbViolation,
-    ServerRefused,
-    server_handshake,
-)
+from desktops.rfb import RfbReader, ScreenUnreachable, ServerRefused, screen_link_open, server_handshake
+from proxies.rfb import BrowserHandshake, ClientMessages, RfbViolation
 
 logger = logging.getLogger(__name__)
 # The ticket rides in Sec-WebSocket-Protocol (never in a URL that proxies log): "lebureau.ticket.<ticket>".
@@ -142,85 +132,38 @@ class RelayConsumer(AsyncWebsocketConsumer):
         raise NotImplementedError
 
 
-class _DesktopScreen(asyncio.Protocol):
-    """The TCP side of a VNC relay: hands each chunk the kernel gives over as it is, without
-    the copies of a stream reader, and stops reading while the browser side is behind."""
-
-    MAX_QUEUED = 4
-
-    def __init__(self):
-        self.chunks: asyncio.Queue[bytes] = asyncio.Queue()
-        self.transport = None
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def data_received(self, data):
-        self.chunks.put_nowait(data)
-        if self.chunks.qsize() >= self.MAX_QUEUED:
-            self.transport.pause_reading()
-
-    def connection_lost(self, exc):
-        self.chunks.put_nowait(b"")
-
-    async def next_chunk(self) -> bytes:
-        data = await self.chunks.get()
-        if self.chunks.qsize() < self.MAX_QUEUED and not self.transport.is_closing():
-            self.transport.resume_reading()
-        return data
-
-    async def write(self, data: bytes) -> None:
-        self.transport.write(data)
-
-    async def close(self) -> None:
-        self.transport.close()
-
-
 class VncRelayConsumer(RelayConsumer):
     """noVNC's RFB over a WebSocket <-> the desktop's VNC server over TCP, or, when that does not
-    answer, the VM's console through its engine (``proxies.console``)."""
+    answer, the VM's console through its engine (``desktops.rfb``)."""
 
     kind = Kind.VNC
 
     async def open_backend(self, host):
-        loop = asyncio.get_running_loop()
         desktop_id = self.grant.desktop_id
-        refused = RelayDenied(4503, _("The desktop's screen refused the relay."))
         try:
-            _transport, self.screen = await asyncio.wait_for(
-                loop.create_connection(_DesktopScreen, host, settings.DESKTOP_VNC_PORT), timeout=5
-            )
-            # The view-only password makes the desktop's own server refuse a viewer's input too.
-            password = vnc_password(desktop_id, self.grant.mode)
-        except (OSError, TimeoutError):
-            self.screen, password = await self._engine_console(desktop_id)
-            refused = RelayDenied(4503, _("The desktop's console refused the relay."))
+            link = await screen_link_open(desktop_id=desktop_id, host=host, mode=self.grant.mode)
+        except ServerRefused as exc:
+            logger.warning("the console of %s refused the relay: %s", desktop_id, exc)
+            raise RelayDenied(4503, _("The desktop's console refused the relay.")) from exc
+        except ScreenUnreachable as exc:
+            raise RelayDenied(4502, _("The desktop's screen is not answering.")) from exc
+        self.screen = link.stream
         reader = RfbReader(self.screen.next_chunk)
         try:
-            server_init = await asyncio.wait_for(server_handshake(reader, self.screen.write, password), 10)
+            server_init = await asyncio.wait_for(
+                server_handshake(reader, self.screen.write, link.password), 10
+            )
         except (ServerRefused, TimeoutError) as exc:
             await self.screen.close()
             logger.warning("the screen of %s refused the relay: %s", desktop_id, exc)
-            raise refused from exc
+            if link.console:
+                raise RelayDenied(4503, _("The desktop's console refused the relay.")) from exc
+            raise RelayDenied(4503, _("The desktop's screen refused the relay.")) from exc
         self.pending = reader.rest()
         self.pump = None
         self.browser = BrowserHandshake(lambda data: self.send(bytes_data=data), server_init)
         self.messages = ClientMessages(allow_input=self.may_control)
         await self.browser.start()
-
-    async def _engine_console(self, desktop_id: str) -> tuple[ConsoleStream, bytes]:
-        try:
-            # Not the shared sync thread: the engine may take a while to answer.
-            ticket = await database_sync_to_async(desktop_console, thread_sensitive=False)(
-                desktop_id=desktop_id
-            )
-            return await ConsoleStream.open(ticket), ticket.password.encode("latin-1")
-        except ServerRefused as exc:
-            logger.warning("the console of %s refused the relay: %s", desktop_id, exc)
-            raise RelayDenied(4503, _("The desktop's console refused the relay.")) from exc
-        except (Unavailable, OSError, TimeoutError, InvalidHandshake) as exc:
-            # Engines without a console of their own (LXC) end here too.
-            raise RelayDenied(4502, _("The desktop's screen is not answering.")) from exc
 
     async def _desktop_to_browser(self):
         if self.pending:

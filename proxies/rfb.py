@@ -1,9 +1,9 @@
 """RFB (VNC) as the relay speaks it: a client to the desktop's server, a server to the browser.
 
 The relay never passes the handshake through. It authenticates to the desktop's VNC server itself
-(``server_handshake``: VNC authentication with the desktop's own password, which the browser never
-sees), then greets the browser as a server that asks for none (``BrowserHandshake``), in whatever
-RFB version the browser picked, and replays the desktop's ServerInit. From then on it parses every
+(``desktops.rfb.server_handshake``: VNC authentication with the desktop's own password, which the
+browser never sees), then greets the browser as a server that asks for none (``BrowserHandshake``), in
+whatever RFB version the browser picked, and replays the desktop's ServerInit. From then on it parses every
 message the browser sends (``ClientMessages``) and forwards only the ones it knows and allows: a
 view-only session's input (keys, pointer, clipboard, resizing) never reaches the desktop, whatever
 bytes the browser sends, because the relay, not the browser, knows where each message starts.
@@ -15,14 +15,11 @@ a request from the browser: a slow browser asks less often and the relay never p
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable
 
-from desktops.guest import vnc_des
+from desktops.rfb import NO_AUTH, RFB_38, Send
 
-RFB_38 = b"RFB 003.008\n"
 # What browsers announce: 3.3 (RFC 6143 §7.1.1 treats anything below 3.7, such as 3.5, as 3.3), 3.7, 3.8.
 BROWSER_VERSIONS = {b"RFB 003.003\n": 3, b"RFB 003.005\n": 3, b"RFB 003.007\n": 7, RFB_38: 8}
-NO_AUTH, VNC_AUTH = 1, 2
 
 # Client-to-server message types (RFC 6143 §7.5 and the community extensions noVNC speaks).
 SET_PIXEL_FORMAT, SET_ENCODINGS, UPDATE_REQUEST, KEY, POINTER, CUT_TEXT = 0, 2, 3, 4, 5, 6
@@ -31,87 +28,10 @@ INPUT = {KEY, POINTER, CUT_TEXT, SET_DESKTOP_SIZE, QEMU}
 CONTINUOUS_UPDATES_ENCODING = -313
 # The relay holds at most one message in memory: bound the only one whose size the browser picks.
 MAX_CUT_TEXT = 1024 * 1024
-# A desktop's name in ServerInit is shown, not trusted: keep it short.
-MAX_NAME = 4096
-
-Send = Callable[[bytes], Awaitable[None]]
 
 
 class RfbViolation(Exception):
     """The browser sent something that is not RFB as the relay knows it."""
-
-
-class ServerRefused(Exception):
-    """The desktop's VNC server (or the engine's console) turned the relay away."""
-
-
-def vnc_auth_response(password: bytes, challenge: bytes) -> bytes:
-    """RFB's VNC authentication (RFC 6143 §7.2.2): the 16-byte challenge DES-encrypted with the password."""
-    return vnc_des(password, challenge)
-
-
-class RfbReader:
-    """Exact reads over a stream of chunks (WebSocket messages, TCP reads) whose boundaries RFB ignores."""
-
-    def __init__(self, next_chunk: Callable[[], Awaitable[bytes]]):
-        self.next_chunk = next_chunk
-        self.buffer = bytearray()
-
-    async def read(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            chunk = await self.next_chunk()
-            if not chunk:
-                raise ServerRefused("the server closed during the RFB handshake")
-            self.buffer += chunk
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return data
-
-    def rest(self) -> bytes:
-        data = bytes(self.buffer)
-        self.buffer.clear()
-        return data
-
-
-async def vnc_authenticate(reader: RfbReader, send: Send, password: bytes | None) -> None:
-    """Take an RFB 3.8 server through its security handshake, up to where it waits for ClientInit.
-
-    With a password, VNC authentication is used; a server that offers none is taken as it is (a
-    desktop made before desktops had their own VNC password, whose screen is still its own).
-    """
-    version = await reader.read(12)
-    if not version.startswith(b"RFB 003.") or version < RFB_38:
-        raise ServerRefused(f"the server speaks {version!r}, not RFB 3.8")
-    await send(RFB_38)
-    count = (await reader.read(1))[0]
-    if count == 0:
-        raise ServerRefused(await _failure_reason(reader))
-    offered = await reader.read(count)
-    wanted = VNC_AUTH if password is not None and VNC_AUTH in offered else NO_AUTH
-    if wanted not in offered:
-        raise ServerRefused(f"the server offers security types {list(offered)}, not {wanted}")
-    await send(bytes([wanted]))
-    if wanted == VNC_AUTH:
-        await send(vnc_auth_response(password, await reader.read(16)))
-    (result,) = struct.unpack(">I", await reader.read(4))
-    if result != 0:
-        raise ServerRefused(await _failure_reason(reader))
-
-
-async def server_handshake(reader: RfbReader, send: Send, password: bytes | None) -> bytes:
-    """Authenticate, share the desktop (ClientInit), and return its ServerInit message as it came."""
-    await vnc_authenticate(reader, send, password)
-    await send(b"\x01")  # shared: other viewers of the same desktop stay connected
-    head = await reader.read(24)
-    (name_length,) = struct.unpack_from(">I", head, 20)
-    if name_length > MAX_NAME:
-        raise ServerRefused(f"the server's name is {name_length} bytes long")
-    return head + await reader.read(name_length)
-
-
-async def _failure_reason(reader: RfbReader) -> str:
-    (length,) = struct.unpack(">I", await reader.read(4))
-    return (await reader.read(min(length, 1024))).decode("utf-8", "replace")
 
 
 class BrowserHandshake:

@@ -10,6 +10,7 @@ the OpenAPI schema (``/api/schema/``) describes the inputs.
 
 from djangorestframework_camel_case.render import CamelCaseBrowsableAPIRenderer
 from rest_framework.metadata import SimpleMetadata
+from rest_framework.negotiation import BaseContentNegotiation
 
 
 class Metadata(SimpleMetadata):
@@ -24,3 +25,14 @@ class BrowsableAPIRenderer(CamelCaseBrowsableAPIRenderer):
 
     def get_filter_form(self, data, view, request):
         return None
+
+
+class ImageNegotiation(BaseContentNegotiation):
+    """For an endpoint that answers with an image: ``?format=`` names the image's format there, not
+    one of DRF's renderers, and its errors are JSON whatever the client accepts."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type

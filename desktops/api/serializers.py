@@ -1,5 +1,7 @@
 """Shapes of the API's JSON (snake_case here, camelCase on the wire); no logic beyond input checks."""
 
+import base64
+
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema_field
@@ -8,6 +10,7 @@ from rest_framework import serializers
 from billing.metering import month_parse
 from billing.models import ModelPrice, Tier
 from billing.selectors import price_of
+from desktops import screen
 from desktops.agent_failures import agent_failure
 from desktops.alerts import THRESHOLDS, alert_message, thresholds_of
 from desktops.approvals import approval_status
@@ -851,3 +854,138 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
             "created_at",
             "delivered_at",
         ]
+
+
+# The screen (desktops.screen)
+
+
+class ScreenshotQuery(serializers.Serializer):
+    format = serializers.ChoiceField(choices=sorted(screen.FORMATS), default="png")
+    width = serializers.IntegerField(
+        min_value=16,
+        max_value=8192,
+        required=False,
+        help_text="Scale the image down to this width (never up); X-Screenshot-Scale says by how much.",
+    )
+
+
+class ScreenPointSerializer(serializers.Serializer):
+    x = serializers.IntegerField()
+    y = serializers.IntegerField()
+
+
+class ScreenSerializer(serializers.Serializer):
+    width = serializers.IntegerField()
+    height = serializers.IntegerField()
+    name = serializers.CharField()
+    cursor = ScreenPointSerializer(
+        allow_null=True, help_text="Where the pointer is, when the desktop's screen says (null: not known)."
+    )
+
+    def to_representation(self, info):
+        cursor = {"x": info.cursor[0], "y": info.cursor[1]} if info.cursor else None
+        return {"width": info.width, "height": info.height, "name": info.name, "cursor": cursor}
+
+
+# What each kind of action takes: required, then optional, fields.
+ACTION_FIELDS = {
+    "move": (("x", "y"), ()),
+    "click": (("x", "y"), ("button", "double")),
+    "drag": (("x", "y", "to_x", "to_y"), ("button",)),
+    "scroll": (("x", "y"), ("dx", "dy")),
+    "type": (("text",), ()),
+    "key": (("keys",), ()),
+    "wait": (("ms",), ()),
+}
+
+
+class ScreenActionSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=list(ACTION_FIELDS))
+    x = serializers.IntegerField(min_value=0, required=False, help_text="Screen pixels from the left.")
+    y = serializers.IntegerField(min_value=0, required=False, help_text="Screen pixels from the top.")
+    to_x = serializers.IntegerField(min_value=0, required=False, help_text="Where a drag ends.")
+    to_y = serializers.IntegerField(min_value=0, required=False)
+    button = serializers.ChoiceField(choices=list(screen.BUTTONS), required=False)
+    double = serializers.BooleanField(required=False, help_text="A double click.")
+    dx = serializers.IntegerField(
+        min_value=-screen.MAX_SCROLL,
+        max_value=screen.MAX_SCROLL,
+        required=False,
+        help_text="Wheel clicks right.",
+    )
+    dy = serializers.IntegerField(
+        min_value=-screen.MAX_SCROLL,
+        max_value=screen.MAX_SCROLL,
+        required=False,
+        help_text="Wheel clicks down.",
+    )
+    text = serializers.CharField(
+        max_length=screen.MAX_TEXT, trim_whitespace=False, required=False, help_text="Any Unicode text."
+    )
+    keys = serializers.CharField(
+        max_length=100, required=False, help_text="A combination: ctrl+l, alt+F4, enter."
+    )
+    ms = serializers.IntegerField(
+        min_value=0, max_value=screen.MAX_WAIT_MS, required=False, help_text="A wait."
+    )
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            kind = data.get("type")
+            if kind in ACTION_FIELDS:
+                required, optional = ACTION_FIELDS[kind]
+                unknown = sorted(set(data) - {"type", *required, *optional})
+                missing = [name for name in required if data.get(name) is None]
+                if unknown:
+                    raise serializers.ValidationError(
+                        _("A %(type)s action takes no %(fields)s.")
+                        % {"type": kind, "fields": ", ".join(unknown)}
+                    )
+                if missing:
+                    raise serializers.ValidationError(
+                        _("A %(type)s action needs %(fields)s.")
+                        % {"type": kind, "fields": ", ".join(missing)}
+                    )
+            wrong = [name for name in ("text", "keys") if name in data and not isinstance(data[name], str)]
+            if wrong:
+                raise serializers.ValidationError({wrong[0]: [_("Not a valid string.")]})
+        return super().to_internal_value(data)
+
+    def validate(self, data):
+        if data["type"] == "scroll" and not (data.get("dx") or data.get("dy")):
+            raise serializers.ValidationError(_("A scroll action needs dx or dy."))
+        if data["type"] == "type" and not data["text"]:
+            raise serializers.ValidationError(_("A type action needs text to type."))
+        return screen.Action(**data)
+
+
+class ScreenActionsSerializer(serializers.Serializer):
+    actions = serializers.ListField(
+        child=ScreenActionSerializer(),
+        min_length=1,
+        max_length=screen.MAX_ACTIONS,
+        help_text="Done in order.",
+    )
+    screenshot = serializers.BooleanField(
+        default=False, help_text="Answer with a screenshot taken once the screen has settled."
+    )
+    format = serializers.ChoiceField(choices=sorted(screen.FORMATS), default="png")
+    width = serializers.IntegerField(min_value=16, max_value=8192, required=False)
+
+
+class ScreenshotSerializer(serializers.Serializer):
+    content_type = serializers.CharField()
+    data = serializers.SerializerMethodField(help_text="The image, base64-encoded.")
+    width = serializers.IntegerField()
+    height = serializers.IntegerField()
+    scale = serializers.FloatField(help_text="Image pixels per screen pixel.")
+    screen_width = serializers.IntegerField()
+    screen_height = serializers.IntegerField()
+
+    def get_data(self, shot) -> str:
+        return base64.b64encode(shot.data).decode()
+
+
+class ScreenActionsDoneSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Actions done.")
+    screenshot = ScreenshotSerializer(allow_null=True)

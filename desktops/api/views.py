@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.utils.http import content_disposition_header
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.types import OpenApiTypes
@@ -27,8 +27,21 @@ from billing.selectors import (
     quota_of,
     tier_list,
 )
-from desktops import alerts, approvals, bulk, chat, egress, files, schedules, selectors, services, webhooks
+from desktops import (
+    alerts,
+    approvals,
+    bulk,
+    chat,
+    egress,
+    files,
+    schedules,
+    screen,
+    selectors,
+    services,
+    webhooks,
+)
 from desktops.api import serializers as s
+from desktops.api.rendering import ImageNegotiation
 from desktops.audit import Actor
 from desktops.commands import desktop_exec
 from desktops.egress_blocked import blocked_attempts_of
@@ -61,6 +74,11 @@ async def streamed(chunks):
 
 
 STEPS = ("start", "stop", "suspend", "resume")
+SCREENSHOT_HEADERS = _(
+    "X-Screen-Width and X-Screen-Height give the screen's size, X-Screenshot-Scale the image's pixels per"
+    " screen pixel: a point (x, y) in the image is (x / scale, y / scale) on the screen."
+)
+SCREEN_DOWN = OpenApiResponse(description=_("The desktop's screen is not answering (try again)"))
 BULK_STEPS = (*STEPS, "destroy")
 
 
@@ -392,6 +410,74 @@ class DesktopViewSet(ApiViewSet):
             stdin=data["stdin"],
         )
         return Response(s.ExecResultSerializer(result).data)
+
+    @extend_schema(
+        parameters=[
+            s.ScreenshotQuery,
+            *(
+                OpenApiParameter(name, OpenApiTypes.INT, OpenApiParameter.HEADER, response=[200])
+                for name in ("X-Screen-Width", "X-Screen-Height")
+            ),
+            OpenApiParameter(
+                "X-Screenshot-Scale",
+                OpenApiTypes.DOUBLE,
+                OpenApiParameter.HEADER,
+                response=[200],
+                description=_("Image pixels per screen pixel"),
+            ),
+        ],
+        responses={
+            (200, "image/png"): OpenApiResponse(OpenApiTypes.BINARY, description=SCREENSHOT_HEADERS),
+            (200, "image/jpeg"): OpenApiResponse(OpenApiTypes.BINARY, description=SCREENSHOT_HEADERS),
+            409: OpenApiResponse(description=_("The desktop is not running")),
+            503: SCREEN_DOWN,
+        },
+    )
+    @action(detail=True, methods=["get"], content_negotiation_class=ImageNegotiation)
+    def screenshot(self, request, pk):
+        """The desktop's screen as a PNG or JPEG image, optionally scaled down to a width."""
+        desktop = self._desktop(pk)
+        query = self.query(s.ScreenshotQuery)
+        shot = screen.screen_screenshot(
+            desktop=desktop, options=screen.ScreenshotOptions(query["format"], query.get("width"))
+        )
+        response = HttpResponse(shot.data, content_type=shot.content_type)
+        response["Cache-Control"] = "no-store"
+        response["X-Screen-Width"], response["X-Screen-Height"] = shot.screen_width, shot.screen_height
+        response["X-Screenshot-Scale"] = f"{shot.scale:.6f}"
+        return response
+
+    @extend_schema(
+        responses={200: s.ScreenSerializer, 409: OpenApiResponse(description=_("The desktop is not running"))}
+    )
+    @action(detail=True, methods=["get"], url_path="screen")
+    def screen_info(self, request, pk):
+        """The screen's size, and where its pointer is when the desktop's screen says."""
+        return Response(s.ScreenSerializer(screen.screen_info(desktop=self._desktop(pk))).data)
+
+    @extend_schema(
+        request=s.ScreenActionsSerializer,
+        responses={
+            200: s.ScreenActionsDoneSerializer,
+            409: OpenApiResponse(description=_("The desktop is not running")),
+            503: SCREEN_DOWN,
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="actions")
+    def screen_actions(self, request, pk):
+        """Move, click, drag, scroll, type and press keys on the desktop's screen, in order, then
+        optionally take a screenshot once it has settled. The whole batch is checked before any of it
+        is done. Needs the role that may take control."""
+        desktop = self._desktop(pk)
+        selectors.workspace_for_control(
+            actor=self.actor, workspace_id=desktop.workspace_id
+        )  # before the body
+        data = self.valid(s.ScreenActionsSerializer, request.data)
+        options = screen.ScreenshotOptions(data["format"], data.get("width")) if data["screenshot"] else None
+        done = screen.screen_act(
+            actor=self.actor, desktop=desktop, actions=data["actions"], screenshot=options
+        )
+        return Response(s.ScreenActionsDoneSerializer(done).data)
 
     @extend_schema(methods=["GET"], responses=s.ScheduleSerializer(many=True))
     @extend_schema(methods=["POST"], request=s.ScheduleWriteSerializer, responses={201: s.ScheduleSerializer})

@@ -298,6 +298,29 @@ FLEET_CASES = [
         409,
         lambda ws, m: ("post", f"/api/desktops/{_desktop(ws, m, 'stopped')}/exec", {"command": "id"}),
     ),
+    # The screen likewise: access, then the desktop's state (tests/api/test_screen.py drives a real one).
+    Case(
+        "take a screenshot",
+        Role.VIEWER,
+        409,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m, 'stopped')}/screenshot", None),
+    ),
+    Case(
+        "read the screen's size",
+        Role.VIEWER,
+        409,
+        lambda ws, m: ("get", f"/api/desktops/{_desktop(ws, m, 'stopped')}/screen", None),
+    ),
+    Case(
+        "act on the screen",
+        Role.MEMBER,
+        409,
+        lambda ws, m: (
+            "post",
+            f"/api/desktops/{_desktop(ws, m, 'stopped')}/actions",
+            {"actions": [{"type": "click", "x": 1, "y": 1}]},
+        ),
+    ),
     Case("read a chat message", Role.VIEWER, 200, lambda ws, m: ("get", _chat_reply(ws, m), None)),
     Case(
         "list schedules",

@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.server import ServerProtocol
 from websockets.sync.connection import Connection
 
-from proxies.rfb import vnc_auth_response
+from desktops.rfb import vnc_auth_response
 
 PRINTABLE = string.ascii_letters + string.digits + string.punctuation
 RFB_VERSION = b"RFB 003.008\n"

@@ -1,11 +1,16 @@
-"""The VNC relay's fallback to the engine's console, against the PVE simulator's vncwebsocket."""
+"""The fallback to the engine's console of the VNC relay and of the screen API, against the PVE
+simulator's vncwebsocket."""
+
+import io
 
 import pytest
 from asgiref.sync import sync_to_async
+from PIL import Image
 
 from desktops.engines import engine
 from desktops.models import DesktopState, Role
-from tests.factories import DesktopFactory, MembershipFactory
+from tests.conftest import client_for
+from tests.factories import DesktopFactory, MembershipFactory, api_key_for
 from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
 from tests.support import services as real
 from tests.support.relays import closed_with, mint, open_relay
@@ -94,3 +99,27 @@ async def test_an_engine_without_a_console_says_the_screen_is_not_answering(sett
     desktop = await sync_to_async(DesktopFactory)(state=DesktopState.RUNNING, private_ip="127.0.0.1")
     code, reason = await closed_with(await open_vnc(desktop))
     assert (code, reason) == (4502, "The desktop's screen is not answering.")
+
+
+@needs_schema
+def test_a_vm_whose_vnc_server_is_down_still_has_screenshots_and_takes_input(desktop, sim):
+    viewer = client_for(key=api_key_for(MembershipFactory(workspace=desktop.workspace, role=Role.VIEWER)))
+    response = viewer.get(f"/api/desktops/{desktop.id}/screenshot?width=400")
+    assert response.status_code == 200, response.content
+    image = Image.open(io.BytesIO(response.content))
+    # The simulator's console: a blank 800x600 screen, scaled to half.
+    assert image.size == (400, 300) and image.getcolors() == [(400 * 300, (0, 0, 0))]
+    assert (response["X-Screen-Width"], response["X-Screenshot-Scale"]) == ("800", "0.500000")
+    assert viewer.get(f"/api/desktops/{desktop.id}/screen").json()["width"] == 800
+
+    member = client_for(key=api_key_for(MembershipFactory(workspace=desktop.workspace, role=Role.MEMBER)))
+    body = {
+        "actions": [{"type": "click", "x": 799, "y": 599}, {"type": "type", "text": "é"}],
+        "screenshot": True,
+    }
+    done = member.post(f"/api/desktops/{desktop.id}/actions", body, format="json").json()
+    assert done["count"] == 2 and done["screenshot"]["screenWidth"] == 800
+    beyond = {"actions": [{"type": "click", "x": 800, "y": 10}]}
+    assert member.post(f"/api/desktops/{desktop.id}/actions", beyond, format="json").status_code == 400
+    # Every way in was a console of its own, opened with PVE's one-time password.
+    assert sum(path.endswith("/vncproxy") for _method, path, _params in sim.requests) == 4

@@ -21,7 +21,7 @@ from desktops import services
 from desktops.audit import Actor
 from desktops.guest import control_plane_public_key, vnc_password, vnc_password_file
 from desktops.models import ApiKey, DesktopState, RelayTicket, Role
-from proxies.rfb import vnc_auth_response
+from desktops.rfb import vnc_auth_response
 from tests.factories import DesktopFactory, MembershipFactory
 from tests.support import services as real
 from tests.support.relays import closed_with, mint, open_relay

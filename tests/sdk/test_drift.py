@@ -12,7 +12,7 @@ from typing import get_args, get_origin, get_type_hints
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 from lebureau_sdk import AsyncClient, Client
-from lebureau_sdk._core import ENDPOINTS, OPERATIONS, PAGING, Endpoint, Resource, camel
+from lebureau_sdk._core import ENDPOINTS, OPERATIONS, PAGING, Binary, Endpoint, Resource, camel
 
 SCHEMA = SchemaGenerator().get_schema(request=None, public=True)
 COMPONENTS = SCHEMA["components"]["schemas"]
@@ -38,12 +38,14 @@ def _resolve(schema: dict) -> dict:
     return schema
 
 
-def _answer(operation: dict) -> tuple[dict | None, bool]:
-    """The schema of the operation's success answer (None: no body), and whether it is paged."""
+def _answer(operation: dict) -> tuple[dict | type[Binary] | None, bool]:
+    """The schema of the operation's success answer (None: no body; Binary: not JSON, an image), and
+    whether it is paged."""
     status = next(code for code in operation["responses"] if code.startswith("2"))
-    content = operation["responses"][status].get("content", {}).get("application/json")
+    answers = operation["responses"][status].get("content", {})
+    content = answers.get("application/json")
     if content is None:
-        return None, False
+        return (Binary if answers else None), False
     schema = _resolve(content["schema"])
     if {"count", "next", "results"} <= set(schema.get("properties", {})):
         return _resolve(schema["properties"]["results"]["items"]), True
@@ -77,11 +79,9 @@ def test_every_endpoint_of_the_sdk_is_an_operation_of_the_api(endpoint: Endpoint
     assert set(endpoint.query_names.values()) == query - (set(PAGING) if paged else set())
     body, _required = _request_fields(operation)
     assert set(endpoint.body_names.values()) == body
-    # Bytes come back as they are (a file): a success answer with no JSON, but a body.
-    assert (answer is None) == (endpoint.returns in (None, bytes))
-    if endpoint.returns is bytes:
-        assert any(200 <= int(code) < 300 and r.get("content") for code, r in operation["responses"].items())
-    if answer is not None:
+    assert (answer is None) == (endpoint.returns is None)
+    assert (answer is Binary) == (endpoint.returns is Binary)
+    if answer not in (None, Binary):
         _same_fields(endpoint.returns, answer, endpoint.returns.__name__)
 
 

@@ -60,8 +60,17 @@ class Call:
     path: str
     params: dict[str, Any] = field(default_factory=dict)
     json: Any = None
-    returns: Any = None  # a model (decoded), `bytes`, `dict` (raw JSON) or None (no body)
+    returns: Any = None  # a model (decoded), `bytes`, `Binary`, `dict` (raw JSON) or None (no body)
     content: bytes | None = None  # sent as the raw body instead of JSON (a file's bytes)
+
+
+@dataclass(frozen=True)
+class Binary:
+    """An answer that is not JSON (an image): its bytes, their type, and the headers that describe them."""
+
+    content: bytes
+    content_type: str
+    headers: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -317,6 +326,8 @@ def _result(call: Call, response: httpx.Response) -> Any:
         raise error_from(response)
     if call.returns is bytes:
         return response.content
+    if call.returns is Binary:
+        return Binary(response.content, response.headers.get("content-type", ""), dict(response.headers))
     if call.returns is None or response.status_code == 204:
         return None
     return decode(call.returns, response.json())

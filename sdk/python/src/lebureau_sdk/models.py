@@ -98,6 +98,50 @@ class ExecResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ScreenPoint:
+    x: int
+    y: int
+
+
+@dataclass(frozen=True, slots=True)
+class Screen:
+    width: int
+    height: int
+    name: str
+    cursor: ScreenPoint | None  # when the desktop's screen says where its pointer is
+
+
+@dataclass(frozen=True, slots=True)
+class Screenshot:
+    """A screenshot in a JSON answer: `data` is the image, base64-encoded."""
+
+    content_type: str
+    data: str
+    width: int
+    height: int
+    scale: float  # image pixels per screen pixel: (x, y) in the image is (x / scale, y / scale) on screen
+    screen_width: int
+    screen_height: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenActionsDone:
+    count: int
+    screenshot: Screenshot | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenImage:
+    """`desktops.screenshot`'s answer: the image's bytes and how it maps to the screen."""
+
+    data: bytes
+    content_type: str
+    scale: float  # image pixels per screen pixel: (x, y) in the image is (x / scale, y / scale) on screen
+    screen_width: int
+    screen_height: int
+
+
+@dataclass(frozen=True, slots=True)
 class AgentFailure:
     """Why an agent's turn failed, in words (`kind` is stable, `message` is for a person)."""
 

@@ -12,9 +12,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from lebureau_sdk import models as m
-from lebureau_sdk._core import Emit, Endpoint, M, Plan, Resource, Sleep, Stream, operation, pages, streaming
+from lebureau_sdk._core import (
+    Binary,
+    Emit,
+    Endpoint,
+    M,
+    Plan,
+    Resource,
+    Sleep,
+    Stream,
+    operation,
+    pages,
+    streaming,
+)
 from lebureau_sdk.errors import WaitTimeout
 
 STEADY = ("running", "stopped", "suspended", "destroyed", "error")
@@ -39,11 +52,21 @@ DESKTOP_EVENTS = Endpoint("GET", "/api/desktops/{desktop_id}/events", m.DesktopE
 DESKTOP_USAGE = Endpoint("GET", "/api/desktops/{desktop_id}/usage", m.AgentUsage)
 DESKTOP_COSTS = Endpoint("GET", "/api/desktops/{desktop_id}/costs", m.DesktopMonthCosts, query=("month",))
 DESKTOP_SESSIONS = Endpoint("POST", "/api/desktops/{desktop_id}/sessions", m.RelaySession, body=("mode",))
-DESKTOP_FILE_GET = Endpoint("GET", "/api/desktops/{desktop_id}/files", bytes, query=("path",))
+DESKTOP_FILE_GET = Endpoint("GET", "/api/desktops/{desktop_id}/files", Binary, query=("path",))
 DESKTOP_FILE_PUT = Endpoint("PUT", "/api/desktops/{desktop_id}/files", m.FileWritten, query=("path",))
 DESKTOP_LABELS = Endpoint("POST", "/api/desktops/{desktop_id}/labels", m.Desktop, body=("add", "remove"))
 DESKTOP_EXEC = Endpoint(
     "POST", "/api/desktops/{desktop_id}/exec", m.ExecResult, body=("command", "argv", "timeout", "stdin")
+)
+DESKTOP_SCREENSHOT = Endpoint(
+    "GET", "/api/desktops/{desktop_id}/screenshot", Binary, query=("format", "width")
+)
+DESKTOP_SCREEN = Endpoint("GET", "/api/desktops/{desktop_id}/screen", m.Screen)
+DESKTOP_ACTIONS = Endpoint(
+    "POST",
+    "/api/desktops/{desktop_id}/actions",
+    m.ScreenActionsDone,
+    body=("actions", "screenshot", "format", "width"),
 )
 EGRESS_FIELDS = ("mode", "entries", "allow_llm_providers")
 DESKTOP_EGRESS = Endpoint("GET", "/api/desktops/{desktop_id}/egress", m.Egress)
@@ -207,6 +230,44 @@ class Desktops(Resource[M]):
     ) -> Plan[m.Desktop]:
         return (yield DESKTOP_LABELS.call(desktop_id=desktop_id, add=add, remove=remove))
 
+    @operation(DESKTOP_SCREENSHOT)
+    def screenshot(
+        self, desktop_id: str, *, format: str = "png", width: int | None = None
+    ) -> Plan[m.ScreenImage]:
+        """The desktop's screen as PNG or JPEG bytes, scaled down to `width` if given."""
+        answer = yield DESKTOP_SCREENSHOT.call(desktop_id=desktop_id, format=format, width=width)
+        headers = answer.headers
+        return m.ScreenImage(
+            data=answer.content,
+            content_type=answer.content_type,
+            scale=float(headers["x-screenshot-scale"]),
+            screen_width=int(headers["x-screen-width"]),
+            screen_height=int(headers["x-screen-height"]),
+        )
+
+    @operation(DESKTOP_SCREEN)
+    def screen(self, desktop_id: str) -> Plan[m.Screen]:
+        """The screen's size, and where its pointer is when the desktop's screen says."""
+        return (yield DESKTOP_SCREEN.call(desktop_id=desktop_id))
+
+    @operation(DESKTOP_ACTIONS)
+    def act(
+        self,
+        desktop_id: str,
+        actions: Sequence[dict[str, Any]],
+        *,
+        screenshot: bool = False,
+        format: str = "png",
+        width: int | None = None,
+    ) -> Plan[m.ScreenActionsDone]:
+        """Input on the desktop's screen, in order, as the API spells it: `{"type": "click", "x": 10,
+        "y": 20}`, `move`, `drag` (`toX`, `toY`), `scroll` (`dx`, `dy`), `type` (`text`), `key` (`keys`:
+        `ctrl+l`), `wait` (`ms`). With `screenshot`, the screen once it has settled."""
+        call = DESKTOP_ACTIONS.call(
+            desktop_id=desktop_id, actions=list(actions), screenshot=screenshot, format=format, width=width
+        )
+        return (yield call)
+
     @operation(DESKTOP_EGRESS)
     def egress(self, desktop_id: str) -> Plan[m.Egress]:
         """Where the desktop may connect: its own policy, or its workspace's (`inherited`)."""
@@ -238,8 +299,9 @@ class Desktops(Resource[M]):
         yield from pages(DESKTOP_BLOCKED.call(desktop_id=desktop_id))
 
     @operation(DESKTOP_FILE_GET)
-    def download(self, desktop_id: str, path: str) -> Plan[bytes]:
-        """A file of the desktop (`path` in its agent's home), or a folder of it as a zip."""
+    def download(self, desktop_id: str, path: str) -> Plan[Binary]:
+        """A file of the desktop (`path` in its agent's home), or a folder of it as a zip (its name in the
+        Content-Disposition header)."""
         return (yield DESKTOP_FILE_GET.call(desktop_id=desktop_id, path=path))
 
     @operation(DESKTOP_FILE_PUT, local=("content",))
