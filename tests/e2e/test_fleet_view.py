@@ -1,5 +1,5 @@
-"""The desktops list as a fleet view, in real Chromium: an agent's failed turn reaches its row and the
-summary live, without a reload.
+"""The desktops list as a fleet view, in real Chromium: each running desktop's screen as a thumbnail,
+and an agent's failed turn reaching its row and the summary live, without a reload.
 
 The desktop is a real LXC desktop of the minimal image, which has no agent runtime: a message to it
 fails, as a turn fails for real.
@@ -30,6 +30,10 @@ def test_a_failed_turn_reaches_the_list_and_its_summary_live(page, site, lxc_api
     expect(summary.locator("[data-figure=running]")).to_have_text("1")
     expect(summary.locator("[data-figure=in_error]")).to_have_text("0")
     expect(page.locator("#live")).to_have_text("live", timeout=10000)
+    # The running desktop's screen, as a thumbnail taken through the screenshot API.
+    thumbnail = page.locator(f"tr[data-desktop='{desktop.id}'] img.thumb")
+    expect(thumbnail).to_be_visible()
+    page.wait_for_function("img => img.complete && img.naturalWidth === 160", arg=thumbnail.element_handle())
     page.evaluate("window.__sameDocument = true")
 
     response = lxc_api.post(f"/api/desktops/{desktop.id}/chat", {"message": "Range le bureau"}, format="json")

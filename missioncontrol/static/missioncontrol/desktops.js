@@ -66,6 +66,25 @@ function connect() {
   });
 }
 
+// Live thumbnails: each running desktop's screen, taken anew every few seconds for the rows in view,
+// only while the page is visible (each one is a screenshot the desktop's screen server encodes).
+const THUMBNAIL_EVERY = 10000;
+
+function refreshThumbnails() {
+  if (document.visibilityState !== "visible") return;
+  rows.querySelectorAll("img.thumb").forEach((img) => {
+    const box = img.getBoundingClientRect();
+    if (box.bottom < 0 || box.top > window.innerHeight || box.width === 0) return;
+    img.src = `${img.dataset.thumb}&at=${Date.now()}`;
+  });
+}
+
+// A screen that cannot be read (its desktop stopping) leaves an empty frame, not a broken image.
+rows.addEventListener("error", (e) => e.target.matches?.("img.thumb") && e.target.classList.add("unavailable"), true);
+rows.addEventListener("load", (e) => e.target.matches?.("img.thumb") && e.target.classList.remove("unavailable"), true);
+setInterval(refreshThumbnails, THUMBNAIL_EVERY);
+document.addEventListener("visibilitychange", refreshThumbnails);
+
 // Fleet actions: select many, act once; destroy asks for the count.
 
 function bindSelection() {
