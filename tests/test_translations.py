@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from django import forms
 from django.template.base import Lexer, TokenType
+from django.utils.functional import Promise
 
 from desktops.models import Role
+from missioncontrol import forms as page_forms
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALE = Path("locale") / "fr" / "LC_MESSAGES"
@@ -138,3 +141,18 @@ def test_the_templates_write_no_word_outside_translation():
         if (words := _untranslated(path.read_text()))
     }
     assert untranslated == {}, f"words a person reads, not marked for translation, in {untranslated}"
+
+
+def test_the_forms_of_the_pages_name_their_fields_in_the_readers_language():
+    plain = []
+    for form in vars(page_forms).values():
+        if isinstance(form, type) and issubclass(form, forms.Form):
+            for name, field in form.base_fields.items():
+                # A label each (read aloud for a bare field too), and help texts and placeholders where given.
+                read = [field.label] + [
+                    t for t in (field.help_text, field.widget.attrs.get("placeholder")) if t
+                ]
+                plain += [
+                    f"{form.__name__}.{name}: {text!r}" for text in read if not isinstance(text, Promise)
+                ]
+    assert plain == [], f"form texts a person reads, not marked for translation: {plain}"
