@@ -29,8 +29,8 @@ class PageForm(forms.Form):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("auto_id", f"{type(self).__name__.lower()}-%s")
         super().__init__(*args, **kwargs)
-        for name, field in self.fields.items():
-            field.widget.attrs.setdefault("aria-label", field.label or name.replace("_", " ").capitalize())
+        for field in self.fields.values():
+            field.widget.attrs.setdefault("aria-label", field.label)
 
 
 class PlanChoice(forms.ModelChoiceField):
@@ -50,13 +50,18 @@ class PlanChoice(forms.ModelChoiceField):
 
 
 class NewComputerForm(PageForm):
-    name = forms.CharField(max_length=63, help_text="Lowercase letters, digits and hyphens; its hostname.")
-    plan = PlanChoice(queryset=plan_list(), empty_label=None)
+    name = forms.CharField(
+        max_length=63,
+        label=_lazy("Name"),
+        help_text=_lazy("Lowercase letters, digits and hyphens; its hostname."),
+    )
+    plan = PlanChoice(queryset=plan_list(), empty_label=None, label=_lazy("Plan"))
     image_profile = forms.ChoiceField(
+        label=_lazy("Image profile"),
         choices=[
             ("full", _lazy("Full (XFCE, Chromium, LibreOffice, agent runtime)")),
             ("minimal", _lazy("Minimal (fast, no agent: screen and terminal only)")),
-        ]
+        ],
     )
 
 
@@ -68,18 +73,21 @@ class DesktopFilterForm(PageForm):
     state = forms.ChoiceField(
         choices=[("", _lazy("Any state")), *DesktopState.choices, (FAILING, _lazy("In error or failed"))],
         required=False,
+        label=_lazy("State"),
     )
-    q = forms.CharField(required=False, label="Name")
+    q = forms.CharField(required=False, label=_lazy("Name"))
     label = forms.CharField(required=False, label=_lazy("Label"))
 
 
 class FleetActionForm(PageForm):
-    action = forms.ChoiceField(choices=ACTIONS + LABEL_ACTIONS)
-    label = forms.CharField(required=False, max_length=63)
+    action = forms.ChoiceField(choices=ACTIONS + LABEL_ACTIONS, label=_lazy("Action"))
+    label = forms.CharField(required=False, max_length=63, label=_lazy("Label"))
     desktops = forms.MultipleChoiceField(
-        choices=[], error_messages={"required": "Select at least one desktop."}
+        choices=[],
+        label=_lazy("Desktops"),
+        error_messages={"required": _lazy("Select at least one desktop.")},
     )
-    confirm = forms.IntegerField(required=False)
+    confirm = forms.IntegerField(required=False, label=_lazy("Confirm"))
 
     def __init__(self, *args, desktop_ids=(), **kwargs):
         super().__init__(*args, **kwargs)
@@ -92,18 +100,20 @@ class FleetActionForm(PageForm):
         data = super().clean()
         selected = len(data.get("desktops", []))
         if data.get("action") == "destroy" and data.get("confirm") != selected:
-            raise forms.ValidationError(f"To destroy, type the number of selected desktops ({selected}).")
+            raise forms.ValidationError(
+                _("To destroy, type the number of selected desktops (%(count)d).") % {"count": selected}
+            )
         if data.get("action") in dict(LABEL_ACTIONS) and not data.get("label", "").strip():
             raise forms.ValidationError(_("Type the label to add or remove."))
         return data
 
 
 class RenameForm(PageForm):
-    name = forms.CharField(max_length=100)
+    name = forms.CharField(max_length=100, label=_lazy("Name"))
 
 
 class AgentCommandForm(PageForm):
-    command = forms.CharField(max_length=500, required=False)
+    command = forms.CharField(max_length=500, required=False, label=_lazy("Command"))
 
 
 class EgressForm(forms.Form):
@@ -167,35 +177,36 @@ class AlertThresholdsForm(PageForm):
 
 
 class InviteForm(PageForm):
-    email = forms.EmailField()
-    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+    email = forms.EmailField(label=_lazy("Email"))
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, label=_lazy("Role"))
 
 
 class RoleForm(PageForm):
-    role = forms.ChoiceField(choices=Role.choices)
+    role = forms.ChoiceField(choices=Role.choices, label=_lazy("Role"))
 
 
 class ApiKeyForm(PageForm):
-    name = forms.CharField(max_length=100)
-    scope = forms.ChoiceField(choices=ApiScope.choices, initial=ApiScope.WRITE)
+    name = forms.CharField(max_length=100, label=_lazy("Name"))
+    scope = forms.ChoiceField(choices=ApiScope.choices, initial=ApiScope.WRITE, label=_lazy("Scope"))
     expires_at = forms.DateTimeField(
-        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), label="Expires"
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), label=_lazy("Expires")
     )
 
 
 class LLMKeyForm(PageForm):
-    provider = forms.ChoiceField(choices=LLMProvider.choices)
-    name = forms.CharField(max_length=100)
+    provider = forms.ChoiceField(choices=LLMProvider.choices, label=_lazy("Provider"))
+    name = forms.CharField(max_length=100, label=_lazy("Name"))
     base_url = forms.URLField(
-        required=False, label="Base URL (OpenAI-compatible only)", assume_scheme="https"
+        required=False, label=_lazy("Base URL (OpenAI-compatible only)"), assume_scheme="https"
     )
     model = forms.CharField(
         max_length=200,
         required=False,
-        help_text="Blank: the provider's own. Required for OpenAI-compatible.",
-        widget=forms.TextInput(attrs={"placeholder": "Model (blank: provider's default)"}),
+        label=_lazy("Model"),
+        help_text=_lazy("Blank: the provider's own. Required for OpenAI-compatible."),
+        widget=forms.TextInput(attrs={"placeholder": _lazy("Model (blank: provider's default)")}),
     )
-    secret = forms.CharField(widget=forms.PasswordInput, label="Key")
+    secret = forms.CharField(widget=forms.PasswordInput, label=_lazy("Key"))
 
 
 class ModelPriceForm(PageForm):
@@ -209,15 +220,19 @@ class ModelPriceForm(PageForm):
 
 
 class RotateForm(PageForm):
-    secret = forms.CharField(widget=forms.PasswordInput, label="New key")
+    secret = forms.CharField(widget=forms.PasswordInput, label=_lazy("New key"))
 
 
 class AuditFilterForm(PageForm):
-    actor = forms.CharField(required=False)
-    action = forms.CharField(required=False)
-    target = forms.CharField(required=False, label="Desktop or object id")
-    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    actor = forms.CharField(required=False, label=_lazy("Actor"))
+    action = forms.CharField(required=False, label=_lazy("Action"))
+    target = forms.CharField(required=False, label=_lazy("Desktop or object id"))
+    since = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), label=_lazy("Since")
+    )
+    until = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), label=_lazy("Until")
+    )
 
 
 class ScheduleForm(PageForm):

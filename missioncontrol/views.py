@@ -757,7 +757,7 @@ llm_key_delete = _settings_delete(
 @workspace_page(Role.OWNER)
 def workspace_delete(request):
     if request.POST.get("confirm") != request.workspace.name:
-        messages.error(request, "Type the workspace's name to delete it.")
+        messages.error(request, _("Type the workspace's name to delete it."))
         return redirect("settings", request.workspace.id)
     if attempt(
         request, lambda: services.workspace_delete(actor=request.actor, workspace_id=request.workspace.id)

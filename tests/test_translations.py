@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from django import forms
+from django.template.base import Lexer, TokenType
+from django.utils.functional import Promise
 
 from desktops.models import Role
+from missioncontrol import forms as page_forms
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALE = Path("locale") / "fr" / "LC_MESSAGES"
@@ -90,3 +94,65 @@ def test_the_scripts_speak_the_browsers_language(client, members):
     client.force_login(members[Role.VIEWER].user)
     assert "Connexion au terminal" in client.get("/jsi18n/", HTTP_ACCEPT_LANGUAGE="fr").content.decode()
     assert "Connexion au terminal" not in client.get("/jsi18n/", HTTP_ACCEPT_LANGUAGE="en").content.decode()
+
+
+TEMPLATES = ROOT / "templates"
+# Words a template writes that are no prose, so stay as they are in every language: names and acronyms.
+NOT_PROSE = re.compile(r"\b(Le Bureau|Mission Control|API|IP|CSV)\b")
+WORDS = re.compile(r"[^\W\d_]{2,}")
+ENTITY = re.compile(r"&#?\w+;")
+VERBATIM = re.compile(r"(<(code|pre|script|style)\b[^>]*>).*?(</\2>)", re.S)  # its content is code, not prose
+ATTRIBUTE = re.compile(r"""\b(placeholder|aria-label|title|alt)=(["'])(.*?)\2""", re.S)
+TAG = re.compile(r"<[^>]*>")
+LITERAL_DEFAULT = re.compile(r"""\bdefault:(["'])(.*?)\1""")
+HOLE = "\0"  # where a template tag or variable stood
+
+
+def _prose(text: str) -> list[str]:
+    pieces = (piece.strip() for piece in re.split(rf"[{HOLE}\n]", ENTITY.sub(" ", text)))
+    return [piece for piece in pieces if WORDS.search(NOT_PROSE.sub("", piece))]
+
+
+def _untranslated(source: str) -> list[str]:
+    """The literal words a template writes out: its text outside blocktranslate and comment blocks, what tag
+    attributes a person reads hold as plain words, and words given as a filter's default."""
+    text, found, closing = [], [], None
+    for token in Lexer(source).tokenize():
+        if closing:
+            closing = None if token.token_type == TokenType.BLOCK and token.contents == closing else closing
+        elif token.token_type == TokenType.TEXT:
+            text.append(token.contents)
+        else:
+            tag = (token.contents.split() or [""])[0]
+            if token.token_type == TokenType.BLOCK and tag in {"blocktranslate", "blocktrans", "comment"}:
+                closing = "end" + tag
+            found += [m[0] for m in LITERAL_DEFAULT.finditer(token.contents) if WORDS.search(m[2])]
+            text.append(HOLE)
+    html = VERBATIM.sub(rf"\1{HOLE}\3", "".join(text))
+    for _, _, value in ATTRIBUTE.findall(html):
+        found += _prose(value)
+    return found + _prose(TAG.sub(HOLE, html))
+
+
+def test_the_templates_write_no_word_outside_translation():
+    untranslated = {
+        path.relative_to(ROOT).as_posix(): words
+        for path in sorted(TEMPLATES.rglob("*.html"))
+        if (words := _untranslated(path.read_text()))
+    }
+    assert untranslated == {}, f"words a person reads, not marked for translation, in {untranslated}"
+
+
+def test_the_forms_of_the_pages_name_their_fields_in_the_readers_language():
+    plain = []
+    for form in vars(page_forms).values():
+        if isinstance(form, type) and issubclass(form, forms.Form):
+            for name, field in form.base_fields.items():
+                # A label each (read aloud for a bare field too), and help texts and placeholders where given.
+                read = [field.label] + [
+                    t for t in (field.help_text, field.widget.attrs.get("placeholder")) if t
+                ]
+                plain += [
+                    f"{form.__name__}.{name}: {text!r}" for text in read if not isinstance(text, Promise)
+                ]
+    assert plain == [], f"form texts a person reads, not marked for translation: {plain}"
