@@ -17,17 +17,18 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.mail import send_mass_mail
 from django.db import transaction
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from desktops.audit import SYSTEM, Actor, audit_record
 from desktops.crypto import api_token_hash
-from desktops.errors import Conflict, Forbidden, Invalid, NotFound
+from desktops.errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from desktops.events import ApprovalChanged, publish_approval_change
-from desktops.models import Approval, ChatMessage, Desktop, DesktopState, Role, Workspace
-from desktops.queue import APPROVAL_EMAIL, WORKSPACE_AGENT_CONFIGURE, enqueue
+from desktops.models import Approval, ApprovalScreenshot, ChatMessage, Desktop, DesktopState, Role, Workspace
+from desktops.queue import APPROVAL_EMAIL, APPROVAL_SCREENSHOT, WORKSPACE_AGENT_CONFIGURE, enqueue
+from desktops.screen import ScreenshotOptions, screen_screenshot
 from desktops.selectors import member_emails, role_in, workspace_get, workspaces_visible
 from desktops.webhooks import webhook_notify
 
@@ -156,7 +157,42 @@ def approval_request(
         )
         _publish(approval)
         enqueue(APPROVAL_EMAIL, approval_id=approval.id)
+        enqueue(APPROVAL_SCREENSHOT, approval_id=approval.id)
     return approval
+
+
+# Wide enough to read a terminal or a page by, small enough to keep with every request.
+SCREENSHOT = ScreenshotOptions(format="jpeg", width=1280)
+
+
+def approval_screenshot_take(*, approval_id: str) -> bool:
+    """Keep the asking desktop's screen with its request, while it still waits; False when the screen
+    could not be read (the request stands without it)."""
+    approval = Approval.objects.select_related("desktop__workspace").filter(id=approval_id).first()
+    if approval is None or approval_status(approval) != Status.PENDING:
+        return False
+    try:
+        shot = screen_screenshot(desktop=approval.desktop, options=SCREENSHOT)
+    except (Conflict, Unavailable):
+        return False
+    ApprovalScreenshot.objects.update_or_create(
+        approval=approval, defaults={"image": shot.data, "content_type": shot.content_type}
+    )
+    _publish(approval)  # the queues show it
+    return True
+
+
+def approval_has_screenshot(approval: Approval) -> bool:
+    known = getattr(approval, "has_screenshot", None)  # annotated by approval_list
+    return known if known is not None else ApprovalScreenshot.objects.filter(approval_id=approval.id).exists()
+
+
+def approval_screenshot_get(*, actor: Actor, approval_id: str) -> ApprovalScreenshot:
+    approval = approval_get(actor=actor, approval_id=approval_id)
+    shot = ApprovalScreenshot.objects.filter(approval=approval).first()
+    if shot is None:
+        raise NotFound(_("No screenshot was kept with request %(id)s.") % {"id": approval_id})
+    return shot
 
 
 def approval_email(*, approval_id: str) -> int:
@@ -274,7 +310,10 @@ def approval_list(
         )
     elif status:
         approvals = approvals.filter(status=status)
-    return approvals.select_related("desktop", "decided_by", "turn__reply_to")
+    kept = ApprovalScreenshot.objects.filter(approval=OuterRef("pk"))
+    return approvals.select_related("desktop", "decided_by", "turn__reply_to").annotate(
+        has_screenshot=Exists(kept)
+    )
 
 
 def approvals_waiting_by_desktop(*, desktop_ids: list[str]) -> dict[str, int]:

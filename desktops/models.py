@@ -584,6 +584,18 @@ class Approval(models.Model):
         return f"{self.title} ({self.status}) on {self.desktop_id}"
 
 
+class ApprovalScreenshot(models.Model):
+    """The asking desktop's screen, taken moments after it asked: what the agent was looking at."""
+
+    approval = models.OneToOneField(Approval, on_delete=models.CASCADE, related_name="screenshot")
+    image = models.BinaryField()
+    content_type = models.CharField(max_length=40)
+    taken_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"screen of {self.approval_id}"
+
+
 class WebhookDelivery(models.Model):
     """One event sent to a workspace's webhook: what was sent, and how each attempt went."""
 

@@ -19,6 +19,7 @@ SCHEDULE_FIRE = "workers.tasks.schedule_fire"
 DESKTOP_EGRESS_APPLY = "workers.tasks.desktop_egress_apply"
 WEBHOOK_DELIVER = "workers.tasks.webhook_deliver"
 APPROVAL_EMAIL = "workers.tasks.approval_email"
+APPROVAL_SCREENSHOT = "workers.tasks.approval_screenshot"
 ALERT_EMAIL = "workers.tasks.alert_email"
 
 

@@ -29,6 +29,7 @@ from desktops.engines import TransientDriverError
 from desktops.queue import (
     ALERT_EMAIL,
     APPROVAL_EMAIL,
+    APPROVAL_SCREENSHOT,
     CHAT_DELIVER,
     CHAT_STOP,
     DESKTOP_EGRESS_APPLY,
@@ -263,6 +264,12 @@ EMAIL_TASK = {
     "max_retries": 5,
     "soft_time_limit": 60,
 }
+
+
+@shared_task(name=APPROVAL_SCREENSHOT, acks_late=True, soft_time_limit=30)
+def approval_screenshot(*, approval_id: str) -> bool:
+    """Keep the asking desktop's screen with its request."""
+    return approvals.approval_screenshot_take(approval_id=approval_id)
 
 
 @shared_task(name=APPROVAL_EMAIL, **EMAIL_TASK)

@@ -13,7 +13,7 @@ from billing.selectors import price_of
 from desktops import screen
 from desktops.agent_failures import agent_failure
 from desktops.alerts import THRESHOLDS, alert_message, thresholds_of
-from desktops.approvals import approval_status
+from desktops.approvals import approval_has_screenshot, approval_status
 from desktops.models import (
     Alert,
     ApiKey,
@@ -737,6 +737,12 @@ class ApprovalSerializer(serializers.ModelSerializer):
         allow_null=True,
         help_text="The agent's reply under way when it asked.",
     )
+    has_screenshot = serializers.SerializerMethodField(
+        help_text="The desktop's screen was kept as it asked: GET /api/approvals/{id}/screenshot."
+    )
+
+    def get_has_screenshot(self, approval) -> bool:
+        return approval_has_screenshot(approval)
 
     def get_status(self, approval) -> str:
         return approval_status(approval)
@@ -762,6 +768,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "decided_by",
             "decided_at",
             "comment",
+            "has_screenshot",
         ]
 
 

@@ -907,6 +907,13 @@ class ApprovalViewSet(ApiViewSet):
     def retrieve(self, request, pk):
         return Response(s.ApprovalSerializer(approvals.approval_get(actor=self.actor, approval_id=pk)).data)
 
+    @extend_schema(responses={(200, "image/jpeg"): OpenApiTypes.BINARY})
+    @action(detail=True, methods=["get"])
+    def screenshot(self, request, pk):
+        """The asking desktop's screen, taken moments after it asked (404 when none could be taken)."""
+        shot = approvals.approval_screenshot_get(actor=self.actor, approval_id=pk)
+        return HttpResponse(bytes(shot.image), content_type=shot.content_type)
+
     @extend_schema(request=s.ApprovalDecisionSerializer, responses={200: s.ApprovalSerializer, 409: NOT_NOW})
     @action(detail=True, methods=["post"])
     def approve(self, request, pk):

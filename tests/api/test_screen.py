@@ -11,6 +11,8 @@ import time
 import pytest
 from PIL import Image, ImageChops
 
+from desktops import approvals
+from desktops.audit import Actor
 from desktops.guest import vnc_password_file
 from desktops.models import AuditEvent, DesktopState, Role
 from tests.conftest import client_for
@@ -240,3 +242,31 @@ def test_a_screen_that_does_not_answer_is_a_503(api, desktop, settings):
     settings.DESKTOP_VNC_PORT = real.free_port()
     response = api[Role.VIEWER].get(f"/api/desktops/{desktop.id}/screenshot")
     assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
+
+
+# A request for approval keeps the screen the agent was looking at
+
+
+def test_a_request_for_approval_keeps_the_screen_as_it_asked(api, desktop, members, client):
+    drawn(api, desktop)
+    approval = approvals.approval_request(desktop=desktop, title="Déployer en prod")
+    assert approvals.approval_screenshot_take(approval_id=approval.id) is True
+
+    assert api[Role.VIEWER].get(f"/api/approvals/{approval.id}").json()["hasScreenshot"] is True
+    image = image_of(api[Role.VIEWER].get(f"/api/approvals/{approval.id}/screenshot"))
+    assert image.format == "JPEG" and image.size == (WIDTH, HEIGHT) and not blank(image)
+    assert api["outsider"].get(f"/api/approvals/{approval.id}/screenshot").status_code == 404
+    client.force_login(members[Role.VIEWER].user)
+    queue = client.get(f"/w/{desktop.workspace_id}/approvals/").content.decode()
+    assert f'src="/api/approvals/{approval.id}/screenshot"' in queue
+
+    # Once answered, the request keeps its screen and takes no other.
+    owner = Actor(user=members[Role.OWNER].user)
+    approvals.approval_decide(actor=owner, approval_id=approval.id, approve=False)
+    assert approvals.approval_screenshot_take(approval_id=approval.id) is False
+    # A desktop whose screen cannot be read: the request stands without one.
+    stopped = approvals.approval_request(desktop=desktop, title="Encore")
+    desktop.state = DesktopState.STOPPED
+    desktop.save(update_fields=["state"])
+    assert approvals.approval_screenshot_take(approval_id=stopped.id) is False
+    assert api[Role.VIEWER].get(f"/api/approvals/{stopped.id}/screenshot").status_code == 404

@@ -480,6 +480,7 @@ class Approval:
     decided_by: str
     decided_at: datetime | None
     comment: str
+    has_screenshot: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -973,6 +973,7 @@ APPROVALS = Endpoint(
 APPROVAL = Endpoint("GET", "/api/approvals/{approval_id}", m.Approval)
 APPROVAL_APPROVE = Endpoint("POST", "/api/approvals/{approval_id}/approve", m.Approval, body=("comment",))
 APPROVAL_DENY = Endpoint("POST", "/api/approvals/{approval_id}/deny", m.Approval, body=("comment",))
+APPROVAL_SCREENSHOT = Endpoint("GET", "/api/approvals/{approval_id}/screenshot", Binary)
 
 
 class Approvals(Resource[M]):
@@ -988,6 +989,11 @@ class Approvals(Resource[M]):
     @operation(APPROVAL)
     def get(self, approval_id: str) -> Plan[m.Approval]:
         return (yield APPROVAL.call(approval_id=approval_id))
+
+    @operation(APPROVAL_SCREENSHOT)
+    def screenshot(self, approval_id: str) -> Plan[Binary]:
+        """The asking desktop's screen as it asked (a JPEG), when one could be taken."""
+        return (yield APPROVAL_SCREENSHOT.call(approval_id=approval_id))
 
     @operation(APPROVAL_APPROVE)
     def approve(self, approval_id: str, *, comment: str | None = None) -> Plan[m.Approval]:
