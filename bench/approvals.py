@@ -50,7 +50,10 @@ async def open_stream(port: int, path: str, cookie: str) -> tuple[asyncio.Stream
     await writer.drain()
     buffer = b""
     while b"stream-open" not in buffer:
-        buffer += await reader.read(65536)
+        chunk = await reader.read(65536)
+        if not chunk:
+            raise RuntimeError(f"the event stream closed before opening: {buffer[:300]!r}")
+        buffer += chunk
     return reader, writer  # the connection lasts as long as its writer is kept
 
 

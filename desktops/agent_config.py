@@ -120,15 +120,21 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
     return config
 
 
+# The image profiles that ship the agent runtime (image-build/configure-guest.sh installs OpenClaw in
+# the full profile only): the others have nothing to configure, and are spared an SSH session each.
+AGENT_RUNTIME_PROFILES = {"full"}
+
+
 def desktop_agent_configure(*, desktop_id: str) -> bool:
-    """Write the agent runtime's configuration into a running desktop; False when it is not running."""
+    """Write the agent runtime's configuration into a running desktop; False when it is not running or
+    its image has no agent runtime."""
     # One writer per desktop at a time, reading the keys only once it holds the lock: a rewrite
     # that started before a key was removed can then never land after the one that removes it.
     with transaction.atomic():
         desktop = (
             Desktop.objects.select_for_update().filter(id=desktop_id, state=DesktopState.RUNNING).first()
         )
-        if desktop is None:
+        if desktop is None or desktop.image_profile not in AGENT_RUNTIME_PROFILES:
             return False
         keys = list(LLMKey.objects.filter(workspace_id=desktop.workspace_id).order_by("-created_at"))
         workspace = Workspace.objects.get(id=desktop.workspace_id)

@@ -5,20 +5,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('desktops', '0021_approval_commands'),
+        ("desktops", "0021_approval_commands"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApprovalScreenshot',
+            name="ApprovalScreenshot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('image', models.BinaryField()),
-                ('content_type', models.CharField(max_length=40)),
-                ('taken_at', models.DateTimeField(auto_now_add=True)),
-                ('approval', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='screenshot', to='desktops.approval')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("image", models.BinaryField()),
+                ("content_type", models.CharField(max_length=40)),
+                ("taken_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "approval",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="screenshot",
+                        to="desktops.approval",
+                    ),
+                ),
             ],
         ),
     ]

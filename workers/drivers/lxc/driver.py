@@ -207,11 +207,14 @@ class LxcDriver(ComputeDriver):
         with self.store.locked(key):
             meta = self.store.existing(key, "change the network policy of")
             changed = any(meta.get(name) != value for name, value in fields.items())
-            meta.update(fields)
-            self.store.write(key, meta)
-            self._sync_network()
+            if changed:
+                meta.update(fields)
+                self.store.write(key, meta)
+                # The whole firewall, under the host-wide lock: only when this desktop's part changed
+                # (a policy applied again, as after every provision, costs nothing then).
+                self._sync_network()
             if self.lxc.state(key) != InstanceState.STOPPED:
-                self._ensure_resolver(meta)  # restarted with the new policy, so with nothing cached
+                self._ensure_resolver(meta)  # restarted if the policy changed, so with nothing cached
             if changed:
                 # What the former policy let it resolve goes with it.
                 network.forget_allowed(self.config.nft_table, meta["veth"])
