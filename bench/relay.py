@@ -305,6 +305,7 @@ def main() -> None:
                 for name, command in reference_relays(vnc_port).items()
             }
     finally:
+        real.terminal_sessions_end()  # its `cat` in raw mode must not greet the next terminal
         desktop.delete()
         workspace.delete()
         user.delete()

@@ -56,10 +56,11 @@ def ssh_server(relay_settings, tmp_path):
 
 @pytest.fixture(scope="module", autouse=True)
 def terminal_session():
-    """The terminals' shared session outlives them, as in a desktop: this module's tests share one
-    and leave none behind (ended once its shell is idle, never in the middle of its start-up)."""
+    """The terminals' shared session outlives them, as in a desktop: this module's tests share one,
+    found by none before them and left to none after (ended once its shell is idle)."""
+    real.terminal_sessions_end()
     yield
-    subprocess.run(["tmux", "-L", "bureau", "kill-server"], capture_output=True, check=False)
+    real.terminal_sessions_end()
 
 
 @pytest.fixture

@@ -140,3 +140,9 @@ def sshd(workdir: Path, authorized_key: str):
     Path("/run/sshd").mkdir(exist_ok=True)
     with running(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], port):
         yield port
+
+
+def terminal_sessions_end() -> None:
+    """End the shared terminal session (tmux) that a host sshd standing in for a desktop keeps for its
+    terminals: a desktop keeps its own, a test or bench must not leave one for the next."""
+    subprocess.run(["tmux", "-L", "bureau", "kill-server"], capture_output=True, check=False)
