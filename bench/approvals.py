@@ -31,7 +31,7 @@ import requests  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 
-from bench.missioncontrol import session_cookie  # noqa: E402
+from bench.missioncontrol import event_stream, session_cookie  # noqa: E402
 from bench.report import Figure, record  # noqa: E402
 from bench.stats import percentile, summary  # noqa: E402
 from desktops import approvals, services  # noqa: E402
@@ -39,22 +39,6 @@ from desktops.audit import Actor  # noqa: E402
 from desktops.crypto import api_token_hash  # noqa: E402
 from desktops.models import Desktop, DesktopState, Plan  # noqa: E402
 from tests.support.services import free_port, port_open, service_process  # noqa: E402
-
-
-async def open_stream(port: int, path: str, cookie: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-        f"Cookie: {settings.SESSION_COOKIE_NAME}={cookie}\r\n\r\n".encode()
-    )
-    await writer.drain()
-    buffer = b""
-    while b"stream-open" not in buffer:
-        chunk = await reader.read(65536)
-        if not chunk:
-            raise RuntimeError(f"the event stream closed before opening: {buffer[:300]!r}")
-        buffer += chunk
-    return reader, writer  # the connection lasts as long as its writer is kept
 
 
 async def until(reader: asyncio.StreamReader, marker: bytes, seen: bytearray) -> None:
@@ -68,7 +52,7 @@ async def until(reader: asyncio.StreamReader, marker: bytes, seen: bytearray) ->
 async def measure(
     guest: str, web: str, port: int, workspace_id: str, token: str, cookie: str, count: int, answer
 ):
-    reader, writer = await open_stream(port, f"/events/w/{workspace_id}/", cookie)
+    reader, writer = await event_stream(port, f"/events/w/{workspace_id}/", cookie)
     ask = requests.Session()
     ask.headers["Authorization"] = f"Bearer {token}"
     page = requests.Session()

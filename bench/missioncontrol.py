@@ -63,9 +63,10 @@ def timed_gets(http: requests.Session, url: str, count: int) -> list[float]:
     return times
 
 
-async def open_stream(
-    port: int, path: str, cookie: str, opened: asyncio.Event, ready: list
-) -> asyncio.StreamReader:
+async def event_stream(
+    port: int, path: str, cookie: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A page's server-sent event stream, once the server says it is open."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
@@ -78,6 +79,13 @@ async def open_stream(
         if not chunk:
             raise RuntimeError(f"the event stream closed before opening: {buffer[:300]!r}")
         buffer += chunk
+    return reader, writer  # the connection lasts as long as its writer is kept
+
+
+async def open_stream(
+    port: int, path: str, cookie: str, opened: asyncio.Event, ready: list
+) -> asyncio.StreamReader:
+    reader, writer = await event_stream(port, path, cookie)
     ready.append(writer)
     if len(ready) == opened.total:
         opened.set()

@@ -173,16 +173,23 @@ def month_costs(*, workspace: Workspace, month: date) -> MonthCosts:
     return costs
 
 
-def spend_this_month(workspace: Workspace) -> Decimal:
-    """What the workspace's fleet has spent this month so far, models included."""
-    measured, _ = _measure(workspace.desktops.all(), workspace, this_month(), timezone.now())
-    return Meter.sum(d.meter for d in measured).total
-
-
 @dataclass(frozen=True)
 class FleetSpend:
     total: Decimal
     by_desktop: dict[str, Decimal]
+
+
+def fleet_spend(workspace: Workspace) -> FleetSpend:
+    """What the workspace's fleet has spent this month so far, models included: in all and per desktop."""
+    measured, _ = _measure(workspace.desktops.all(), workspace, this_month(), timezone.now())
+    return FleetSpend(
+        total=Meter.sum(d.meter for d in measured).total,
+        by_desktop={d.desktop.id: d.meter.total for d in measured},
+    )
+
+
+def spend_this_month(workspace: Workspace) -> Decimal:
+    return fleet_spend(workspace).total
 
 
 # Measuring a thousand desktops' month takes longer than a page should: pages show figures at most
@@ -191,16 +198,12 @@ SPEND_SHOWN_FOR = 60
 
 
 def fleet_spend_shown(workspace: Workspace) -> FleetSpend:
-    """The fleet's spend this month so far, in all and per desktop, for the pages: measured at most
-    once a minute (one measure of the whole fleet serves every page of the list)."""
+    """`fleet_spend` for the pages: measured at most once a minute (one measure of the whole fleet
+    serves every page of the list)."""
     key = f"billing.fleet-spend:{workspace.id}:{this_month()}"
     spend = cache.get(key)
     if spend is None:
-        measured, _ = _measure(workspace.desktops.all(), workspace, this_month(), timezone.now())
-        spend = FleetSpend(
-            total=Meter.sum(d.meter for d in measured).total,
-            by_desktop={d.desktop.id: d.meter.total for d in measured},
-        )
+        spend = fleet_spend(workspace)
         cache.set(key, spend, SPEND_SHOWN_FOR)
     return spend
 
