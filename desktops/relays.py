@@ -77,6 +77,8 @@ def relay_tickets_mint(*, actor: Actor, desktop_id: str, mode: str, session_key:
     desktop = desktop_get(actor=actor, desktop_id=desktop_id)
     if mode == Mode.CONTROL:
         workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
+    session_hash = "" if actor.api_key else secret_hash(session_key)
+    taking_control = mode == Mode.CONTROL and not _had_control(actor, desktop, session_hash)
     expires_at = timezone.now() + timedelta(seconds=settings.RELAY_TOKEN_MAX_AGE)
     secrets_by_kind = {}
     for kind in Kind:
@@ -89,14 +91,34 @@ def relay_tickets_mint(*, actor: Actor, desktop_id: str, mode: str, session_key:
             desktop=desktop,
             api_key=actor.api_key,
             # A session-minted ticket only opens from that session; a key-minted one needs the key valid.
-            session_hash="" if actor.api_key else secret_hash(session_key),
+            session_hash=session_hash,
             expires_at=expires_at,
         )
         secrets_by_kind[kind] = secret
-    audit_record(
-        actor=actor, action="relay.session", workspace_id=desktop.workspace_id, target=desktop.id, mode=mode
-    )
+    if taking_control:
+        audit_record(
+            actor=actor, action="desktop.control_taken", workspace_id=desktop.workspace_id, target=desktop.id
+        )
     return RelayTickets(secrets_by_kind[Kind.VNC], secrets_by_kind[Kind.TERMINAL], mode, expires_at)
+
+
+# A viewer that reconnects in control mode within this long is still in control: not a new taking.
+CONTROL_KEPT = timedelta(hours=1)
+
+
+def _had_control(actor: Actor, desktop: Desktop, session_hash: str) -> bool:
+    """Whether this browser session (or API key) was in control of the desktop already: its tickets are
+    minted anew on each reconnection and mode switch, but only taking control is an act worth auditing
+    (watching, and the reconnections a page makes by itself, are not)."""
+    last = (
+        RelayTicket.objects.filter(
+            desktop=desktop, user=actor.user, api_key=actor.api_key, session_hash=session_hash
+        )
+        .order_by("-created_at")
+        .values("mode", "created_at")
+        .first()
+    )
+    return bool(last) and last["mode"] == Mode.CONTROL and last["created_at"] > timezone.now() - CONTROL_KEPT
 
 
 def relay_ticket_claim(

@@ -7,8 +7,8 @@ from datetime import datetime
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Substr
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Concat, Substr
 from django.utils.translation import gettext as _
 
 from desktops.audit import Actor
@@ -210,9 +210,13 @@ def audit_list(
         events = events.filter(actor__icontains=actor)
     if action:
         events = events.filter(action__startswith=action)
-    if target:  # an id, or the name of one of the workspace's desktops
-        named = Desktop.objects.filter(workspace_id=workspace.id, name=target.strip()).values("id")
-        events = events.filter(Q(target=target.strip()) | Q(target__in=named))
+    if target := target.strip():
+        # An id, or (part of) the name of something of this workspace's: a desktop, a member's address, a
+        # key's name… including what is gone since and named in its last event.
+        named = Q(target=target) | Q(detail__name__icontains=target) | Q(detail__email__icontains=target)
+        for rows in _audit_targets(workspace.id):
+            named |= Q(target__in=rows.filter(shown__icontains=target).values("id"))
+        events = events.filter(named)
     if since:
         events = events.filter(at__gte=since)
     if until:
@@ -220,10 +224,35 @@ def audit_list(
     return events
 
 
-def audit_target_names(*, workspace: Workspace, targets: list[str]) -> dict[str, str]:
-    """The names of the workspace's desktops among these targets, by id, for people to read."""
-    desktops = Desktop.objects.filter(workspace_id=workspace.id, id__in=set(targets))
-    return dict(desktops.values_list("id", "name"))
+def _audit_targets(workspace_id: str) -> list[QuerySet]:
+    """What audit events name as their target, with what people call each (`shown`): the workspace's own
+    rows only, so no filter or page can name another workspace's."""
+    return [
+        Workspace.objects.filter(id=workspace_id).annotate(shown=F("name")),
+        Desktop.objects.filter(workspace_id=workspace_id).annotate(shown=F("name")),
+        Membership.objects.filter(workspace_id=workspace_id).annotate(shown=F("user__email")),
+        Invitation.objects.filter(workspace_id=workspace_id).annotate(shown=F("email")),
+        ApiKey.objects.filter(workspace_id=workspace_id).annotate(shown=F("name")),
+        LLMKey.objects.filter(workspace_id=workspace_id).annotate(shown=F("name")),
+        Schedule.objects.filter(desktop__workspace_id=workspace_id).annotate(
+            shown=Concat("desktop__name", Value(" · "), "cron")
+        ),
+    ]
+
+
+def audit_target_names(*, workspace: Workspace, events: list[AuditEvent]) -> dict[str, str]:
+    """What people call these events' targets, by id: the workspace's desktops, members, invitations,
+    keys and schedules as they are now, else the name the event itself recorded (a removed member's
+    address, a deleted key's name)."""
+    ids = {event.target for event in events if event.target}
+    names = {}
+    for event in events:
+        recorded = event.detail.get("name") or event.detail.get("email")
+        if event.target and isinstance(recorded, str):
+            names[event.target] = recorded
+    for rows in _audit_targets(workspace.id):
+        names.update(rows.filter(id__in=ids).values_list("id", "shown"))
+    return names
 
 
 def chat_list(*, desktop: Desktop) -> QuerySet[ChatMessage]:

@@ -280,7 +280,14 @@ def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) ->
     _ensure_an_owner_remains(workspace, membership)
     membership.delete()
     publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
-    audit_record(actor=actor, action="member.remove", workspace_id=workspace.id, target=membership_id)
+    # The address too: once the membership is gone, the log still says whom it was.
+    audit_record(
+        actor=actor,
+        action="member.remove",
+        workspace_id=workspace.id,
+        target=membership_id,
+        email=membership.user.email,
+    )
 
 
 def _owner_only_for_owners(actor: Actor, workspace: Workspace, membership: Membership) -> None:
@@ -472,8 +479,14 @@ def llm_key_save(
 
 def llm_key_delete(*, actor: Actor, workspace_id: str, key_id: str) -> None:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    workspace.llm_keys.filter(id=key_id).delete()
-    audit_record(actor=actor, action="llm_key.delete", workspace_id=workspace.id, target=key_id)
+    key = workspace.llm_keys.filter(id=key_id).first()
+    if key is None:
+        return
+    key.delete()
+    # Its name too: once the key is gone, the log still says which it was.
+    audit_record(
+        actor=actor, action="llm_key.delete", workspace_id=workspace.id, target=key_id, name=key.name
+    )
     _push_agent_config(workspace.id)
 
 

@@ -226,7 +226,7 @@ class RotateForm(PageForm):
 class AuditFilterForm(PageForm):
     actor = forms.CharField(required=False, label=_lazy("Actor"))
     action = forms.CharField(required=False, label=_lazy("Action"))
-    target = forms.CharField(required=False, label=_lazy("Desktop or object id"))
+    target = forms.CharField(required=False, label=_lazy("Target (name, e-mail or id)"))
     since = forms.DateField(
         required=False, widget=forms.DateInput(attrs={"type": "date"}), label=_lazy("Since")
     )

@@ -799,7 +799,7 @@ def audit(request):
         response["Content-Disposition"] = f'attachment; filename="audit-{request.workspace.id}.csv"'
         return response
     shown = Paginator(events, 100).get_page(request.GET.get("page"))
-    names = selectors.audit_target_names(workspace=request.workspace, targets=[e.target for e in shown])
+    names = selectors.audit_target_names(workspace=request.workspace, events=list(shown))
     for event in shown:
         event.target_name = names.get(event.target, "")
     return page(
@@ -807,6 +807,7 @@ def audit(request):
         "missioncontrol/audit.html",
         filters=filters,
         events=shown,
+        filtered=bool(query),
         query=query_without_page(request),
     )
 
