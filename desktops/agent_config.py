@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from desktops import crypto
+from desktops.events import LLMKeyChecked, publish_llm_key_checked
 from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop, DesktopState, LLMKey, LLMProvider, Workspace
 
@@ -212,9 +213,11 @@ def llm_key_check(*, key_id: str) -> str | None:
     else:
         verdict = Verdict.UNREACHABLE
     # Only if the secret is still the one asked about: a rotation meanwhile gets its own check.
-    LLMKey.objects.filter(id=key.id, secret_encrypted=key.secret_encrypted).update(
+    checked = LLMKey.objects.filter(id=key.id, secret_encrypted=key.secret_encrypted).update(
         verdict=verdict, check_detail=(detail or answer)[:300], checked_at=timezone.now()
     )
+    if checked:
+        publish_llm_key_checked(LLMKeyChecked(key.id, key.workspace_id, key.name, verdict))
     return verdict
 
 

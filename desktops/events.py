@@ -117,6 +117,17 @@ class WatchersChanged:
     type: str = "desktop.watchers"
 
 
+@dataclass(frozen=True)
+class LLMKeyChecked:
+    """A key's provider answered whether it takes the key (checked in the background once it is saved)."""
+
+    key_id: str
+    workspace_id: str
+    name: str
+    verdict: str
+    type: str = "llm_key.checked"
+
+
 _pending: set[asyncio.Task] = set()
 
 
@@ -154,6 +165,10 @@ def publish_alert_change(event: AlertChanged) -> None:
 
 def publish_watchers_change(event: WatchersChanged) -> None:
     transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "watchers", asdict(event)))
+
+
+def publish_llm_key_checked(event: LLMKeyChecked) -> None:
+    transaction.on_commit(lambda: send_event(workspace_stream(event.workspace_id), "llm_key", asdict(event)))
 
 
 def publish_access_change(event: AccessChanged) -> None:

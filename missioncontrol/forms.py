@@ -206,16 +206,28 @@ class LLMKeyForm(PageForm):
         help_text=_lazy("Blank: the provider's own. Required for OpenAI-compatible."),
         widget=forms.TextInput(attrs={"placeholder": _lazy("Model (blank: provider's default)")}),
     )
-    secret = forms.CharField(widget=forms.PasswordInput, label=_lazy("Key"))
+    secret = forms.CharField(
+        widget=forms.PasswordInput(attrs={"placeholder": _lazy("Key")}), label=_lazy("Key")
+    )
 
 
 class ModelPriceForm(PageForm):
-    model = forms.CharField(max_length=200, label=_lazy("Model"))
+    model = forms.CharField(
+        max_length=200, label=_lazy("Model"), widget=forms.TextInput(attrs={"placeholder": _lazy("Model")})
+    )
     input_per_million = forms.DecimalField(
-        min_value=0, max_digits=10, decimal_places=4, label=_lazy("€ per million input tokens")
+        min_value=0,
+        max_digits=10,
+        decimal_places=4,
+        label=_lazy("€ per million input tokens"),
+        widget=forms.NumberInput(attrs={"placeholder": _lazy("€ per million in")}),
     )
     output_per_million = forms.DecimalField(
-        min_value=0, max_digits=10, decimal_places=4, label=_lazy("€ per million output tokens")
+        min_value=0,
+        max_digits=10,
+        decimal_places=4,
+        label=_lazy("€ per million output tokens"),
+        widget=forms.NumberInput(attrs={"placeholder": _lazy("€ per million out")}),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from datetime import datetime, time, timedelta
 from decimal import Decimal
 from functools import wraps
@@ -120,6 +121,23 @@ def attempt(request, call, success: str = "") -> bool:
     return True
 
 
+def refused_onto(form, exc: DomainError) -> None:
+    """A service's refusal of what was typed, beside the fields it names (by their names in the API,
+    camelCase, or the model's); what names no field of the form goes above it. A refusal about one
+    field is said whole beside it (its message says more than the field's short word)."""
+    named = {
+        re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower(): errors for name, errors in (exc.fields or {}).items()
+    }
+    named = {field: errors for field, errors in named.items() if field in form.fields}
+    if len(named) == 1:
+        named = {field: [exc.message] for field in named}
+    for field, errors in named.items():
+        for error in errors:
+            form.add_error(field, error)
+    if not named:
+        form.add_error(None, exc.message)
+
+
 def home(request):
     """Signed out: what Le Bureau is, and the way in. Signed in: one's desktops."""
     if not request.user.is_authenticated:
@@ -212,19 +230,24 @@ def desktops(request, new_form=None):
 @workspace_page(Role.MEMBER)
 def desktop_new(request):
     form = forms.NewComputerForm(request.POST)
-    created = form.is_valid() and attempt(
-        request,
-        lambda: services.desktop_create(
-            actor=request.actor,
-            workspace=request.workspace,
-            plan=form.cleaned_data["plan"],
-            name=form.cleaned_data["name"],
-            image_profile=form.cleaned_data["image_profile"],
-        ),
-        _("%(name)s is being provisioned.") % {"name": form.cleaned_data["name"]},
-    )
-    if created:
-        return redirect("desktops", request.workspace.id)
+    if form.is_valid():
+        try:
+            services.desktop_create(
+                actor=request.actor,
+                workspace=request.workspace,
+                plan=form.cleaned_data["plan"],
+                name=form.cleaned_data["name"],
+                image_profile=form.cleaned_data["image_profile"],
+            )
+        except Invalid as exc:  # about what was typed: said beside it
+            refused_onto(form, exc)
+        except DomainError as exc:  # a quota, a race: said on the page
+            messages.error(request, exc.message)
+        else:
+            messages.success(
+                request, _("%(name)s is being provisioned.") % {"name": form.cleaned_data["name"]}
+            )
+            return redirect("desktops", request.workspace.id)
     # The form again as it was sent, its errors beside its fields: nothing typed is lost.
     response = desktops(request, workspace_id=request.workspace.id, new_form=form)
     response.status_code = 400
@@ -272,8 +295,9 @@ def fleet_action(request):
 
 
 @login_required
-def desktop(request, desktop_id):
-    """The viewer (screen, terminal, chat), the timeline and the resources of one desktop."""
+def desktop(request, desktop_id, schedule_form=None):
+    """The viewer (screen, terminal, chat), the timeline and the resources of one desktop; `schedule_form`
+    is a schedule sent back with what is wrong with it, as it was filled in."""
     actor, found = _desktop_of(request, desktop_id)
     request.actor, request.workspace = actor, found.workspace
     request.role = selectors.role_in(actor=actor, workspace_id=found.workspace_id)
@@ -291,7 +315,9 @@ def desktop(request, desktop_id):
         costs=costs_of_desktop(actor=actor, desktop_id=found.id, month=this_month()),
         agent_usage=agent_usage_of_desktop(found),
         schedules=_schedules_of(found),
-        schedule_form=forms.ScheduleForm(),
+        schedule_form=schedule_form or forms.ScheduleForm(),
+        # The viewer has no room for a list of messages above it: they come as toasts.
+        messages_as_toasts=True,
         can_manage=request.role.rank >= Role.ADMIN.rank,
         egress=(policy := egress.egress_of_desktop(desktop=found)),
         blocked=desktop_blocked_egress(found),
@@ -377,26 +403,31 @@ def _desktop_of(request, desktop_id):
 @login_required
 def schedule_new(request, desktop_id):
     """A scheduled message, from the desktop's page; the services check the control role."""
-    actor, desktop = _desktop_of(request, desktop_id)
+    actor, found = _desktop_of(request, desktop_id)
     form = forms.ScheduleForm(request.POST)
-    if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
-    else:
+    if form.is_valid():
         data = form.cleaned_data
-        attempt(
-            request,
-            lambda: schedules.schedule_create(
+        try:
+            schedules.schedule_create(
                 actor=actor,
-                desktop=desktop,
+                desktop=found,
                 cron=data["cron"],
                 message=data["message"],
                 tz=data["timezone"],
                 stop_after=data["stop_after"],
-            ),
-            _("Schedule saved: the agent gets the message on time."),
-        )
-    return redirect(f"{reverse('desktop', args=[desktop.id])}#schedules-panel")
+            )
+        except Invalid as exc:
+            refused_onto(form, exc)
+        except DomainError as exc:  # who asks, not what was typed: said on the page
+            messages.error(request, exc.message)
+            return redirect(f"{reverse('desktop', args=[found.id])}#schedules-panel")
+        else:
+            messages.success(request, _("Schedule saved: the agent gets the message on time."))
+            return redirect(f"{reverse('desktop', args=[found.id])}#schedules-panel")
+    # The form again as it was sent, on its tab, what is wrong beside each field.
+    response = desktop(request, desktop_id=found.id, schedule_form=form)
+    response.status_code = 400
+    return response
 
 
 @require_POST
@@ -552,7 +583,7 @@ def settings_page(request, **bound):
             "invite_form": forms.InviteForm(),
             "api_key_form": forms.ApiKeyForm(),
             "llm_key_form": forms.LLMKeyForm(),
-            "model_price_form": forms.ModelPriceForm(),
+            "model_price_form": forms.ModelPriceForm(initial={"model": agent_model(workspace)}),
             "thresholds_form": forms.AlertThresholdsForm(initial=alerts.thresholds_of(workspace)),
             **bound,
         },
@@ -589,8 +620,8 @@ def _settings_post(form_class, apply, success, shown_as=""):
         if form.is_valid():
             try:
                 apply(request, form.cleaned_data, **kwargs)
-            except Invalid as exc:  # about what was typed: said with the form
-                form.add_error(None, exc.message)
+            except Invalid as exc:  # about what was typed: said with the form, beside its fields
+                refused_onto(form, exc)
             except DomainError as exc:  # about who or when (a role, a state): said on the page
                 messages.error(request, exc.message)
                 return redirect("settings", request.workspace.id)

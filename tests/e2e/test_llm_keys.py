@@ -52,6 +52,10 @@ def test_a_key_is_checked_when_saved_and_settings_say_so(page, site, lxc_api, wo
     form.locator("input[name=model]").fill("scripted")
     form.locator("button").click()
     expect(page.locator(".messages")).to_contain_text("Its provider is being asked")
+    # The answer comes while the page stays open: a toast says it, without a reload.
+    toast = page.locator("#toasts .toast.error")
+    expect(toast).to_contain_text("LLM key scripted: its provider refuses it", timeout=60000)
+    screenshot(page, "keys-00-refused-toast")
 
     verdict_shown(page, settings, "refused")
     expect(page.locator("#llm-keys")).to_contain_text("wrong, revoked or expired")

@@ -1,5 +1,7 @@
 // The desktops list, live: one server-sent event stream for the workspace updates each row.
 // Its words come from Django's JavaScript catalogue (gettext, ngettext, interpolate), loaded before it.
+import { onOpen, workspaceEvents } from "./events.js";
+
 const table = document.getElementById("desktops-table");
 const workspace = table.dataset.workspace;
 const live = document.getElementById("live");
@@ -19,7 +21,7 @@ async function reloadRows() {
   const checked = new Set([...rows.querySelectorAll('input[name="desktops"]:checked')].map((b) => b.value));
   rows.replaceChildren(...fresh.getElementById("desktop-rows").children);
   rows.querySelectorAll('input[name="desktops"]').forEach((b) => (b.checked = checked.has(b.value)));
-  document.getElementById("fleet-summary").replaceWith(fresh.getElementById("fleet-summary"));
+  for (const id of ["fleet-summary", "desktop-count"]) document.getElementById(id).replaceWith(fresh.getElementById(id));
   bindSelection();
 }
 
@@ -47,8 +49,8 @@ function apply(event) {
 }
 
 function connect() {
-  const stream = new EventSource(`/events/w/${workspace}/`);
-  stream.addEventListener("open", () => {
+  const stream = workspaceEvents(workspace);
+  onOpen(stream, () => {
     live.textContent = gettext("live");
     live.classList.remove("down");
   });

@@ -2,13 +2,9 @@
 // fetched again from its data-src whenever one of the events its data-live names happens in the
 // workspace (its event stream says so), and every half-minute for the times it shows. Its forms are
 // sent without leaving the page, so the desktop viewer keeps its screen and terminal open.
-const REFRESH = 30000;
-const streams = new Map();
+import { onOpen, workspaceEvents } from "./events.js";
 
-function stream(workspace) {
-  if (!streams.has(workspace)) streams.set(workspace, new EventSource(`/events/w/${workspace}/`));
-  return streams.get(workspace);
-}
+const REFRESH = 30000;
 
 for (const box of document.querySelectorAll("[data-live]")) {
   const reload = async () => {
@@ -30,8 +26,8 @@ for (const box of document.querySelectorAll("[data-live]")) {
     if (!response.ok) alert(`HTTP ${response.status}`);
     reload();
   });
-  const events = stream(box.dataset.workspace);
+  const events = workspaceEvents(box.dataset.workspace);
   for (const name of box.dataset.live.split(" ")) events.addEventListener(name, reload);
-  events.addEventListener("open", reload); // catch up after a reconnection
+  onOpen(events, reload); // catch up after a reconnection
   setInterval(reload, REFRESH);
 }

@@ -5,6 +5,7 @@
 import RFB from "../vendor/novnc/core/rfb.js";
 import { Terminal } from "../vendor/xterm/xterm.mjs";
 import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
+import { onOpen, workspaceEvents } from "./events.js";
 
 const root = document.getElementById("viewer");
 const desktopId = root.dataset.desktop;
@@ -373,7 +374,7 @@ async function loadWatchers() {
   if (response.ok) watchers.innerHTML = await response.text();
 }
 
-const chatStream = new EventSource(`/events/w/${root.dataset.workspace}/`);
+const chatStream = workspaceEvents(root.dataset.workspace);
 chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.data)));
 chatStream.addEventListener("desktop", (message) => {
   const event = JSON.parse(message.data);
@@ -386,7 +387,7 @@ chatStream.addEventListener("watchers", (message) => {
   if (JSON.parse(message.data).desktop_id === desktopId) loadWatchers();
 });
 // On every (re)connection, catch up with what was said and who came meanwhile.
-chatStream.addEventListener("open", () => {
+onOpen(chatStream, () => {
   loadChat();
   loadWatchers();
 });
@@ -421,7 +422,7 @@ document.querySelectorAll("[data-tab]").forEach((tab) =>
     });
   }),
 );
-// Back from a schedule's form, on the tab it was sent from.
-document.querySelector(`[data-tab="${location.hash.slice(1)}"]`)?.click();
+// Back from a schedule's form, on the tab it was sent from (or the form back with what is wrong in it).
+document.querySelector(`[data-tab="${root.dataset.openTab || location.hash.slice(1)}"]`)?.click();
 
 connect();

@@ -1,0 +1,58 @@
+"""What happens in the background reaches the person on whichever page of the workspace they are, in
+real Chromium: a toast when a desktop's step ends (run by the suite's real Celery worker, on the
+directory test engine), and secrets shown once are copied in one click."""
+
+import pytest
+from playwright.sync_api import expect
+
+from desktops import services
+from desktops.audit import Actor
+from desktops.models import Role
+from tests.conftest import wait_for_idle_lifecycle_worker
+from tests.e2e.conftest import log_in, screenshot
+from tests.factories import MembershipFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.worker]
+
+
+def test_a_desktops_step_ending_is_toasted_on_any_page(page, site, celery_worker, workspace, plan):
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    log_in(page, site, member.user.email)
+    toasts = page.locator("#toasts .toast")
+    try:
+        page.fill("input[name=name]", "toasted")
+        page.select_option("select[name=image_profile]", "minimal")
+        page.click("#new-computer button[type=submit]")
+        expect(toasts.filter(has_text="toasted is running.")).to_have_count(1, timeout=60000)
+        screenshot(page, "toast-01-running")
+
+        # On another page, a step someone else set off (here through the services, as the API does).
+        page.goto(f"{site}/w/{workspace.id}/settings/")
+        expect(page.locator("#toasts .toast")).to_have_count(0)
+        desktop = workspace.desktops.get(name="toasted")
+        services.desktop_act(actor=Actor(user=member.user), desktop=desktop, action="stop")
+        stopped = toasts.filter(has_text="toasted is stopped.")
+        expect(stopped).to_have_count(1, timeout=60000)
+        screenshot(page, "toast-02-stopped-on-settings")
+        stopped.get_by_role("button", name="Dismiss").click()
+        expect(stopped).to_have_count(0)
+    finally:
+        wait_for_idle_lifecycle_worker()
+
+
+def test_the_webhooks_signing_secret_is_copied_in_one_click(browser, site, workspace, plan):
+    admin = MembershipFactory(workspace=workspace, role=Role.ADMIN)
+    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    try:
+        log_in(page, site, admin.user.email)
+        page.goto(f"{site}/w/{workspace.id}/settings/")
+        form = page.locator(f"form[action='/w/{workspace.id}/settings/approvals/']")
+        form.locator("input[name=rotate_secret]").check()
+        form.locator("button").click()
+        secret = page.locator("#new-webhook-secret").inner_text().strip()
+        page.click("[data-copy=new-webhook-secret]")
+        expect(page.locator("[data-copy=new-webhook-secret]")).to_have_text("Copied")
+        assert page.evaluate("navigator.clipboard.readText()") == secret and len(secret) > 20
+    finally:
+        context.close()
