@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,9 @@ from django.utils.translation import gettext as _
 
 from desktops.middleware import current_request
 from desktops.models import ApiKey, AuditChainHead, AuditCheckpoint, AuditEvent
+
+# How `Actor.label` names an act through an API key; read back to name the key on the audit page.
+KEY_LABEL = re.compile(r"^key:(?P<key>\S+) \((?P<email>.*)\)$")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,12 @@ class Actor:
         if self.user is not None:
             return f"user:{self.user.email or self.user.get_username()}"
         return f"system:{self.system}"
+
+    @staticmethod
+    def key_of(label: str) -> tuple[str, str] | None:
+        """The API key's id and its owner's address in a key's label (`key:ID (EMAIL)`), else None."""
+        found = KEY_LABEL.match(label)
+        return (found["key"], found["email"]) if found else None
 
     @classmethod
     def from_request(cls, request) -> Actor:

@@ -241,10 +241,11 @@ def _audit_targets(workspace_id: str) -> list[QuerySet]:
 
 
 def audit_target_names(*, workspace: Workspace, events: list[AuditEvent]) -> dict[str, str]:
-    """What people call these events' targets, by id: the workspace's desktops, members, invitations,
-    keys and schedules as they are now, else the name the event itself recorded (a removed member's
-    address, a deleted key's name)."""
+    """What people call these events' targets (and the API keys they acted with), by id: the
+    workspace's desktops, members, invitations, keys and schedules as they are now, else the name the
+    event itself recorded (a removed member's address, a deleted key's name)."""
     ids = {event.target for event in events if event.target}
+    ids |= {key[0] for event in events if (key := Actor.key_of(event.actor))}  # who acted with a key
     names = {}
     for event in events:
         recorded = event.detail.get("name") or event.detail.get("email")

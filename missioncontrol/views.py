@@ -833,6 +833,8 @@ def audit(request):
     names = selectors.audit_target_names(workspace=request.workspace, events=list(shown))
     for event in shown:
         event.target_name = names.get(event.target, "")
+        if key := Actor.key_of(event.actor):  # the person, and the key by its name
+            event.actor_email, event.actor_key = key[1], names.get(key[0], key[0])
     return page(
         request,
         "missioncontrol/audit.html",

@@ -129,3 +129,16 @@ def test_only_admins_read_the_log(client, members, workspace):
     for role, expected in ((Role.MEMBER, 403), (Role.VIEWER, 403), ("outsider", 404)):
         client.force_login(members[role].user)
         assert client.get(f"/w/{workspace.id}/audit/?target=x").status_code == expected
+
+
+def test_an_act_through_an_api_key_names_the_person_and_the_key(client, members, workspace, running):
+    owner = members[Role.OWNER]
+    key, _token = services.api_key_create(
+        actor=Actor(user=owner.user), workspace_id=workspace.id, name="nightly-ci", scope="write"
+    )
+    services.chat_send(actor=Actor(user=owner.user, api_key=key), desktop=running, message="Rapport")
+    page = audit_page(client, members[Role.ADMIN], "?action=chat.")
+    assert (
+        f'<span title="key:{key.id} ({owner.user.email})">{owner.user.email} with the key nightly-ci</span>'
+        in page
+    )
