@@ -32,6 +32,14 @@ def test_columns_stay_put_as_rows_change_live(browser, site, workspace, plan, wi
         log_in(page, site, member.user.email)
         expect(page.locator("#live")).to_have_text("live", timeout=10000)
         expect(page.locator("#desktop-count")).to_have_text("2 desktops")
+        # New Computer is a primary button in sight, closed or open.
+        new = page.locator("#new-computer > summary")
+        expect(new).to_be_in_viewport()
+        expect(new).to_have_class("button primary")
+        new.click()
+        expect(page.locator("#new-computer input[name=name]")).to_be_visible()
+        expect(new).to_be_in_viewport()
+        new.click()
         before = column_edges(page)
 
         desktop_progress(coming, "installing packages")
