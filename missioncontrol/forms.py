@@ -237,7 +237,10 @@ class RotateForm(PageForm):
 
 class AuditFilterForm(PageForm):
     actor = forms.CharField(required=False, label=_lazy("Actor"))
-    action = forms.CharField(required=False, label=_lazy("Action"))
+    # Its code, or the start of one (desktop. for every act on desktops); the page lists them.
+    action = forms.CharField(
+        required=False, label=_lazy("Action"), widget=forms.TextInput(attrs={"list": "audit-actions"})
+    )
     target = forms.CharField(required=False, label=_lazy("Target (name, e-mail or id)"))
     since = forms.DateField(
         required=False, widget=forms.DateInput(attrs={"type": "date"}), label=_lazy("Since")

@@ -51,6 +51,7 @@ from desktops.models import DesktopState, Role
 from desktops.relays import desktop_watchers
 from desktops.selectors import role_in
 from missioncontrol import forms
+from missioncontrol.audit_actions import ACTIONS, action_words
 from missioncontrol.charts import bar_chart
 from missioncontrol.exports import safe_cell
 from missioncontrol.streams import watched
@@ -833,6 +834,7 @@ def audit(request):
     names = selectors.audit_target_names(workspace=request.workspace, events=list(shown))
     for event in shown:
         event.target_name = names.get(event.target, "")
+        event.action_words = action_words(event.action)
         if key := Actor.key_of(event.actor):  # the person, and the key by its name
             event.actor_email, event.actor_key = key[1], names.get(key[0], key[0])
     return page(
@@ -841,6 +843,7 @@ def audit(request):
         filters=filters,
         events=shown,
         filtered=bool(query),
+        actions=sorted(ACTIONS.items()),
         query=query_without_page(request),
     )
 
