@@ -74,7 +74,10 @@ def test_sign_up_to_a_running_desktop_and_back(page, site, lxc_api):
     page.click("header.top >> text=Settings")
     screenshot(page, "mc-07-settings")
     page.click("header.top >> text=Audit")
-    expect(page.locator("table")).to_contain_text("desktop.stopped")
+    # Each act in words, its code on hover, its target by name.
+    stopped = page.locator("table span[title='desktop.stopped']")
+    expect(stopped).to_have_text("now stopped")
+    expect(stopped.locator("xpath=../..")).to_contain_text("first-agent")
     screenshot(page, "mc-08-audit")
     page.set_viewport_size({"width": 390, "height": 800})
     page.click("header.top >> text=Desktops")

@@ -1,5 +1,5 @@
 // Behaviour every page shares (no inline handlers: the content security policy allows none).
-import { workspaceEvents } from "./events.js";
+import { onOpen, workspaceEvents } from "./events.js";
 
 // A <select data-autosubmit> sends its form as soon as its choice changes.
 document.querySelectorAll("[data-autosubmit]").forEach((field) =>
@@ -52,6 +52,8 @@ const said = (template, values) => template.replace(/\{(\w+)\}/g, (_, key) => va
 if (toasts) {
   toasts.querySelectorAll(".toast").forEach(dismissible); // the page's own messages, where it shows them so
   const events = workspaceEvents(toasts.dataset.workspace);
+  onOpen(events, () => (toasts.dataset.listening = "true")); // results from now on are said here
+  events.addEventListener("error", () => delete toasts.dataset.listening);
   const seen = new Map(); // desktop id -> the last state this page heard of
   events.addEventListener("desktop", (message) => {
     const event = JSON.parse(message.data);

@@ -53,6 +53,7 @@ function connect() {
   onOpen(stream, () => {
     live.textContent = gettext("live");
     live.classList.remove("down");
+    reloadRows(); // catch up with what changed before the stream was open (a quick step) or while down
   });
   stream.addEventListener("desktop", (message) => apply(JSON.parse(message.data)));
   stream.addEventListener("approval", reloadRows); // a desktop's requests waiting for an answer
