@@ -14,10 +14,10 @@ hostname_validator = RegexValidator(
 
 
 class Role(models.TextChoices):
-    VIEWER = "viewer"
-    MEMBER = "member"
-    ADMIN = "admin"
-    OWNER = "owner"
+    VIEWER = "viewer", _("Viewer")
+    MEMBER = "member", _("Member")
+    ADMIN = "admin", _("Admin")
+    OWNER = "owner", _("Owner")
 
     @property
     def rank(self) -> int:

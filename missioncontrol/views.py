@@ -156,7 +156,7 @@ def _invitation_answered(request, invitation_id: str, *, accept: bool):
     request.session["workspace"] = membership.workspace_id
     messages.success(
         request,
-        _("Welcome to %(workspace)s: you are %(role)s here.")
+        _("Welcome to %(workspace)s. Your role here: %(role)s.")
         % {"workspace": membership.workspace.name, "role": membership.get_role_display()},
     )
     return redirect("desktops", membership.workspace_id)
