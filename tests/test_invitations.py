@@ -135,6 +135,7 @@ def test_a_newcomer_follows_the_link_signs_up_and_lands_in_the_inviters_workspac
     link = invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
     page = client.get(link).content.decode()
     assert workspace.name in page and members[Role.ADMIN].user.email in page and HIRE in page
+    assert f"Rejoindre {workspace.name}" in client.get(link, HTTP_ACCEPT_LANGUAGE="fr").content.decode()
     signup = f"/accounts/signup/?{urlencode({'email': HIRE, 'next': link})}"
     assert signup.replace("&", "&amp;") in page
     # Following the e-mailed link proved the address: no confirmation e-mail to wait for.

@@ -232,6 +232,10 @@ def test_member_of_two_workspaces_switches(client, members, workspace):
     page = client.get(f"/w/{workspace.id}/desktops/").content.decode()
     assert other.name in page  # the switcher offers it
     assert client.get(f"/switch/?workspace={other.id}").url == f"/w/{other.id}/desktops/"
+    # The same page of the other workspace; anything else the desktops page, never another site.
+    assert client.get(f"/switch/?workspace={other.id}&to=settings").url == f"/w/{other.id}/settings/"
+    for elsewhere in ("https://evil.example/", "audit", "admin:index", "logout"):
+        assert client.get(f"/switch/?workspace={other.id}&to={elsewhere}").url == f"/w/{other.id}/desktops/"
     assert client.get("/").url == f"/w/{workspace.id}/desktops/"  # the last one opened
 
 

@@ -52,6 +52,8 @@ def test_a_newcomer_accepts_an_invitation_from_its_link_and_lands_in_the_workspa
         page.reload()
         expect(row).to_have_attribute("data-state", "to_accept")
         expect(row).to_contain_text("waiting for them to accept")
+        page.locator("#members").scroll_into_view_if_needed()
+        screenshot(page, f"invitation-02-owner-sees-it-opened-{width}")
 
         hire.click("button[value=accept]")
         hire.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
@@ -63,6 +65,7 @@ def test_a_newcomer_accepts_an_invitation_from_its_link_and_lands_in_the_workspa
         page.reload()
         expect(page.locator("tr.invitation")).to_have_count(0)
         expect(page.locator("#members")).to_contain_text(HIRE)
+        page.locator("#members").scroll_into_view_if_needed()
         screenshot(page, f"invitation-04-owner-sees-the-member-{width}")
     finally:
         owner_context.close()
