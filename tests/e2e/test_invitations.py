@@ -2,6 +2,7 @@
 inviter's workspace, while the owner watches where the invitation stands."""
 
 import pytest
+from allauth.account.models import EmailAddress, EmailConfirmationHMAC
 from playwright.sync_api import expect
 
 from desktops.models import Invitation, Membership, Role
@@ -82,3 +83,31 @@ def test_the_switcher_takes_a_member_of_two_workspaces_to_the_same_page_of_the_o
     page.click(f"#switcher >> text={other.name}")
     page.wait_for_url(f"{site}/w/{other.id}/settings/")
     expect(page.locator("h1")).to_contain_text(other.name)
+
+
+def test_an_invitee_signing_up_on_their_own_is_told_to_confirm_the_address_first(page, site, workspace):
+    """Not through the link: nothing proves the address yet, so the invitation waits for it to be
+    confirmed, and the page says so instead of opening an empty workspace of their own."""
+    owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
+    Invitation.objects.create(workspace=workspace, email=HIRE, role=Role.VIEWER, invited_by=owner.user)
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{site}/accounts/signup/")
+    page.fill("input[name=email]", HIRE)
+    page.fill("input[name=password1]", PASSWORD)
+    page.fill("input[name=password2]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{site}/invitations/")
+    expect(page.locator("main")).to_contain_text(f"An invitation waits for {HIRE}: confirm that address")
+    expect(page.locator("main")).not_to_contain_text(workspace.name)
+    expect(page.locator("button[name=action_send]")).to_be_visible()
+    screenshot(page, "invitation-05-confirm-the-address-first-1440")
+    assert not Membership.objects.filter(user__email=HIRE).exists()
+
+    # The link of the confirmation e-mail (signed with the site's key, as the web server signs it).
+    address = EmailAddress.objects.get(email=HIRE)
+    page.goto(f"{site}/accounts/confirm-email/{EmailConfirmationHMAC(address).key}/")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{site}/invitations/")
+    page.click("button[value=accept]")
+    page.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
+    assert [m.role for m in Membership.objects.filter(user__email=HIRE)] == [Role.VIEWER]
