@@ -14,10 +14,10 @@ hostname_validator = RegexValidator(
 
 
 class Role(models.TextChoices):
-    VIEWER = "viewer"
-    MEMBER = "member"
-    ADMIN = "admin"
-    OWNER = "owner"
+    VIEWER = "viewer", _("Viewer")
+    MEMBER = "member", _("Member")
+    ADMIN = "admin", _("Admin")
+    OWNER = "owner", _("Owner")
 
     @property
     def rank(self) -> int:
@@ -99,6 +99,12 @@ class Invitation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     accepted_at = models.DateTimeField(null=True, blank=True)
     declined_at = models.DateTimeField(null=True, blank=True)
+    # Who opened the e-mailed link, signed in with an account holding the address (confirmed or not):
+    # what the inviters see of the invitee's progress, and only once the invitee acts on the invitation.
+    opened_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    opened_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

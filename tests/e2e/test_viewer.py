@@ -206,13 +206,14 @@ def test_the_desktops_lifecycle_from_its_viewer(page, site, lxc_api, workspace):
     expect(badge).to_have_text("running", timeout=30000)
 
     # Destroying asks for the desktop's name: a wrong one destroys nothing.
-    answers = iter(["e2e-wrong", "e2e-lifecycle"])
-    page.on(
-        "dialog", lambda dialog: dialog.accept(next(answers)) if dialog.type == "prompt" else dialog.accept()
-    )
     lifecycle.locator("[data-action=destroy]").click()
+    page.fill("#destroy-typed", "e2e-wrong")
+    expect(page.locator("#destroy-confirm")).to_be_disabled()
+    page.click("#destroy-cancel")
     page.wait_for_timeout(500)
     assert Desktop.objects.get(id=desktop.id).state == "running"
     lifecycle.locator("[data-action=destroy]").click()
+    page.fill("#destroy-typed", "e2e-lifecycle")
+    page.click("#destroy-confirm")
     page.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
     wait_for_state(desktop.id, "destroyed", timeout=60)

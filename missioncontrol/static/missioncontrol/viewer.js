@@ -5,6 +5,7 @@
 import RFB from "../vendor/novnc/core/rfb.js";
 import { Terminal } from "../vendor/xterm/xterm.mjs";
 import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
+import { confirmDestroy } from "./destroy_dialog.js";
 
 const root = document.getElementById("viewer");
 const desktopId = root.dataset.desktop;
@@ -78,10 +79,8 @@ lifecycle?.addEventListener("click", async (event) => {
   const button = event.target.closest("[data-action]");
   if (!button) return;
   const action = button.dataset.action;
-  if (action === "destroy") {
-    const typed = prompt(lifecycle.dataset.destroyPrompt);
-    if (typed === null) return;
-    if (typed.trim() !== root.dataset.name) return alert(lifecycle.dataset.destroyMismatch);
+  if (action === "destroy" && (await confirmDestroy([{ name: root.dataset.name, disk: lifecycle.dataset.disk }])) === null) {
+    return;
   }
   button.disabled = true;
   try {
