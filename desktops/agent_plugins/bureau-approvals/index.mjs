@@ -135,7 +135,7 @@ async function beforeExec(event, ctx) {
 export default {
   id: "bureau-approvals",
   name: "Le Bureau approvals",
-  description: "Commands the workspace's policy names wait for an operator's approval.",
+  description: "Commands the policy names wait for an operator's approval; every command is counted.",
   register(api) {
     api.on("before_tool_call", beforeExec, { matcher: ["exec"], priority: 1000, timeoutMs: HOOK_BUDGET });
   },
