@@ -14,10 +14,7 @@ to the first piece, and when the desktop's warm-up turn was done, are reported o
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +22,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.events import WorkspaceEvents
 from bench.report import Figure, record
 from bench.stack import BENCH_LXC, control_plane
 from bench.stats import percentile, summary
@@ -37,38 +35,7 @@ MODEL_PORT = 18432
 ANSWER = "Here is the answer, at once."
 
 
-class Stream(threading.Thread):
-    """Reads the workspace's event stream; notes when each answer first grows and when it is done."""
-
-    def __init__(self, base: str, workspace_id: str, session: str):
-        super().__init__(daemon=True)
-        url = f"{base}/events/w/{workspace_id}/"
-        # No read timeout: the stream is quiet between answers.
-        self.response = requests.get(url, cookies={"sessionid": session}, stream=True, timeout=(5, None))
-        self.response.raise_for_status()
-        self.first: dict[str, float] = {}
-        self.done: dict[str, float] = {}
-
-    def run(self) -> None:
-        # The stream breaks when the bench's daphne stops: the bench is over then.
-        with contextlib.suppress(requests.RequestException):
-            self._read()
-
-    def _read(self) -> None:
-        event = ""
-        for line in self.response.iter_lines(decode_unicode=True):
-            if line.startswith("event:"):
-                event = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and event == "chat":
-                data = json.loads(line.split(":", 1)[1])
-                now = time.perf_counter()
-                if data["text"] and data["status"] == "running":
-                    self.first.setdefault(data["message_id"], now)
-                if data["status"] in ("done", "error"):
-                    self.done.setdefault(data["message_id"], now)
-
-
-def turn(http: requests.Session, base: str, desktop_id: str, stream: Stream) -> tuple[float, float]:
+def turn(http: requests.Session, base: str, desktop_id: str, stream: WorkspaceEvents) -> tuple[float, float]:
     start = time.perf_counter()
     response = http.post(f"{base}/api/desktops/{desktop_id}/chat", json={"message": "Réponds vite"})
     response.raise_for_status()
@@ -95,14 +62,6 @@ def warmed_after(desktop_id: str) -> str:
     with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh:
         _, out, _ = ssh.exec_command("cat ~/.cache/bureau/agent-warm 2>/dev/null || echo '(not warm)'")
         return out.read().decode().strip()
-
-
-def session_of(user) -> str:
-    from django.test import Client
-
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
 
 
 def main() -> None:
@@ -139,8 +98,7 @@ def main() -> None:
                 time.sleep(0.2)
             running = time.perf_counter()
             print(f"desktop running after {running - booted:.1f} s", flush=True)
-            stream = Stream(stack.base, stack.workspace.id, session_of(stack.user))
-            stream.start()
+            stream = WorkspaceEvents(stack.base, stack.workspace.id, stack.user)
             # The operator's first message as soon as the desktop runs: it meets the agent however
             # far its boot has got (the gateway starting, then warming up).
             cold = turn(http, stack.base, desktop_id, stream)

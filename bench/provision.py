@@ -3,9 +3,9 @@
     .venv/bin/python bench/provision.py [--sequential 20] [--concurrent 10] [--idle-wait 20]
 
 Starts its own daphne and Celery worker (on the bench database, `bench/database.py`), with an LXC
-network of its own, and times each `POST /api/desktops` (minimal profile) over HTTP until the API
-reports `running` and the desktop's VNC server answers: N one after the other, then M at once.
-Then prints the memory of one idle desktop. Destroys everything it made.
+network of its own, and times each `POST /api/desktops` (minimal profile) over HTTP until the
+workspace's event stream reports `running` and the desktop's VNC server answers: N one after the
+other, then M at once. Then prints the memory of one idle desktop. Destroys everything it made.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.events import WorkspaceEvents
 from bench.provision_driver import memory_of
 from bench.report import Figure, record
 from bench.stack import control_plane
 from bench.stats import percentile, summary
+from workers.drivers.base import ProvisionStep
 
 
 def vnc_answers(ip: str) -> bool:
@@ -37,13 +39,15 @@ def vnc_answers(ip: str) -> bool:
 
 
 class Bench:
-    def __init__(self, base: str, key: str, poll: float = 0.1):
-        self.base = base
-        # Polling harder would load the 2 cores the desktops boot on.
-        self.poll = poll
+    def __init__(self, stack):
+        self.base = stack.base
         self.http = requests.Session()
-        self.http.headers["Authorization"] = f"Bearer {key}"
+        self.http.headers["Authorization"] = f"Bearer {stack.key}"
+        # States arrive on the page's event stream: polling the API from 10 threads would load the
+        # 2 cores the desktops boot on.
+        self.events = WorkspaceEvents(stack.base, stack.workspace.id, stack.user)
         self.made: list[str] = []
+        self.marks: dict[str, dict[str, float]] = {}  # desktop id -> milestone -> when
 
     def create(self, name: str) -> float:
         """Seconds from the API call to running with VNC answering."""
@@ -52,13 +56,30 @@ class Bench:
         response.raise_for_status()
         desktop_id = response.json()["id"]
         self.made.append(desktop_id)
-        while True:
-            desktop = self.http.get(f"{self.base}/api/desktops/{desktop_id}").json()
-            if desktop["state"] == "error":
-                raise RuntimeError(f"{name}: {desktop['lastError']}")
-            if desktop["state"] == "running" and vnc_answers(desktop["privateIp"]):
-                return time.perf_counter() - start
-            time.sleep(self.poll)
+        self.marks[desktop_id] = {"POST": start, "answered": time.perf_counter()}
+        self.events.wait_state(desktop_id, "running")
+        while not vnc_answers(self.events.addresses[desktop_id]):
+            time.sleep(0.01)
+        self.marks[desktop_id]["VNC"] = time.perf_counter()
+        return self.marks[desktop_id]["VNC"] - start
+
+    def timeline(self) -> str:
+        """Median seconds from the POST to each milestone, over the desktops made since the last destroy."""
+        steps = self.events.steps
+        marks = [
+            {
+                **own,
+                **{step: steps[(i, step)] for step in ProvisionStep if (i, step) in steps},
+                "running": self.events.states[(i, "running")],
+            }
+            for i, own in self.marks.items()
+        ]
+        order = ["answered", *ProvisionStep, "running", "VNC"]
+        return " · ".join(
+            f"{name} {statistics.median(m[name] - m['POST'] for m in marks if name in m):.2f}"
+            for name in order
+            if any(name in m for m in marks)
+        )
 
     def destroy_all(self) -> None:
         for desktop_id in self.made:
@@ -70,6 +91,7 @@ class Bench:
             ):
                 time.sleep(0.1)
         self.made.clear()
+        self.marks.clear()
 
 
 def main() -> None:
@@ -79,7 +101,7 @@ def main() -> None:
     parser.add_argument("--idle-wait", type=float, default=20, help="seconds to let a desktop settle")
     args = parser.parse_args()
     with control_plane("provision", concurrency=args.concurrent) as stack:
-        bench = Bench(stack.base, stack.key)
+        bench = Bench(stack)
         try:
             figures = measure(bench, args)
         finally:
@@ -92,12 +114,14 @@ def measure(bench: Bench, args) -> tuple[list[float], list[float], float, dict[s
     for i in range(args.sequential):
         sequential.append(bench.create(f"seq-{i}"))
         print(f"  sequential {i + 1}/{args.sequential}: {sequential[-1]:.3f} s", flush=True)
+    print(f"  where the time goes (median s after the POST): {bench.timeline()}", flush=True)
     bench.destroy_all()
 
     wall = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.concurrent) as pool:
         concurrent = list(pool.map(bench.create, [f"conc-{i}" for i in range(args.concurrent)]))
     wall = time.perf_counter() - wall
+    print(f"  where the time goes (median s after the POST): {bench.timeline()}", flush=True)
     bench.destroy_all()
 
     bench.create("idle")

@@ -3,9 +3,15 @@ live in Mission Control, are told of (e-mail, the workspace's webhook), and ackn
 
 The rules: a desktop in `error`; a step stuck past its deadline; memory, CPU or disk above a share of the
 plan's caps for a while; the agent runtime failing a turn or no longer followed; unusual activity (a
-burst of blocked egress attempts, a turn running far longer than usual). Each finding names its cause
-(this stay in `error`, this failed turn, this spell above a threshold): the database keeps one open
-alert per rule and desktop, and one alert per cause, so an acknowledged cause is not raised again.
+burst of commands run by the agent, a burst of blocked egress attempts, a turn running far longer than
+usual). Each finding names its cause (this stay in `error`, this failed turn, this spell above a
+threshold): the database keeps one open alert per rule and desktop, and one alert per cause, so an
+acknowledged cause is not raised again. The open alerts of a destroyed desktop are resolved: nobody can
+see to them any more.
+
+The commands are those the agent runtime reports through the guest endpoint (OpenClaw: our plugin's
+`before_tool_call` hook, for every `exec`, in batches), added to a count per desktop of which each
+evaluation makes a rate, as it does of the engine's counts of blocked attempts.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.mail import send_mass_mail
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -55,6 +62,8 @@ THRESHOLDS = {
     "disk_percent": Threshold(gettext_lazy("Disk, % of the plan's"), 90, 1, 100),
     "sustained_seconds": Threshold(gettext_lazy("For at least (seconds)"), 300, 0, 86400),
     "blocked_per_minute": Threshold(gettext_lazy("Blocked connections per minute"), 30, 1, 100000),
+    # An agent waits for its model between two commands: one a second, held for an evaluation, is a loop.
+    "commands_per_minute": Threshold(gettext_lazy("Commands run by the agent per minute"), 60, 1, 100000),
     "long_turn_factor": Threshold(gettext_lazy("A turn runs N times longer than usual"), 5, 2, 100),
     "long_turn_minimum": Threshold(gettext_lazy("…and at least (seconds)"), 1800, 60, 7 * 86400),
 }
@@ -114,6 +123,8 @@ def alerts_evaluate(*, now: datetime | None = None) -> dict[str, int]:
     with _alone() as alone:
         if not alone:
             return raised  # another evaluation is under way; its readings would be taken twice
+        # Whichever way a desktop went (its destroy step, reconcile), its alerts do not outlive it.
+        alerts_resolve_destroyed()
         live = Desktop.objects.exclude(state=DesktopState.DESTROYED)
         for desktop in live.select_related("plan", "workspace"):
             limits = thresholds_of(desktop.workspace)
@@ -149,15 +160,17 @@ def _findings(desktop: Desktop, limits: dict[str, int], now: datetime) -> list[F
     cpu = _rate(desktop, Kind.CPU, usage and usage.cpu_seconds, now)
     new_blocked = blocked_attempts_record(desktop) if running else None
     blocked = _rate(desktop, Kind.EGRESS, new_blocked, now, counter=False)
+    commands = _rate(desktop, Kind.COMMANDS, desktop.agent_commands if running else None, now)
     memory = _share(usage and usage.memory_bytes, plan.memory_mib * MIB)
     disk, cpu = _share(disk, plan.disk_gib * GIB), _share(cpu, plan.vcpus)
-    per_minute = None if blocked is None else blocked * 60
     sustained = limits["sustained_seconds"]
+    # A burst is one evaluation's rate above the limit: it holds for no while before it is raised.
     for kind, value, limit, seconds in (
         (Kind.MEMORY, memory, limits["memory_percent"], sustained),
         (Kind.CPU, cpu, limits["cpu_percent"], sustained),
         (Kind.DISK, disk, limits["disk_percent"], sustained),
-        (Kind.EGRESS, per_minute, limits["blocked_per_minute"], 0),
+        (Kind.EGRESS, _per_minute(blocked), limits["blocked_per_minute"], 0),
+        (Kind.COMMANDS, _per_minute(commands), limits["commands_per_minute"], 0),
     ):
         since = _spell(desktop, kind, value is not None and value >= limit, now)
         if since and since <= now - timedelta(seconds=seconds):
@@ -167,6 +180,47 @@ def _findings(desktop: Desktop, limits: dict[str, int], now: datetime) -> list[F
 
 def _share(used: float | None, cap: float) -> float | None:
     return None if used is None else 100 * used / cap
+
+
+def _per_minute(per_second: float | None) -> float | None:
+    return None if per_second is None else per_second * 60
+
+
+def agent_commands_record(*, desktop: Desktop, commands: int) -> None:
+    """The desktop's agent runtime ran this many more commands (reported from inside the desktop)."""
+    Desktop.objects.filter(id=desktop.id).update(agent_commands=F("agent_commands") + commands)
+
+
+def alerts_resolve_destroyed(*, desktop_id: str | None = None) -> int:
+    """Resolve the open alerts of destroyed desktops (of this one only, if named); how many.
+
+    Nobody can see to them any more: left open, they would count in the navigation forever.
+    """
+    found = Alert.objects.filter(status=Status.OPEN, desktop__state=DesktopState.DESTROYED)
+    if desktop_id:
+        found = found.filter(desktop_id=desktop_id)
+    resolved = 0
+    for alert in found.select_related("desktop", "acknowledged_by"):
+        with transaction.atomic():
+            # Conditional: an acknowledgement, or another resolution, at the same moment wins.
+            if not Alert.objects.filter(id=alert.id, status=Status.OPEN).update(
+                status=Status.RESOLVED,
+                resolution=Alert.Resolution.DESKTOP_DESTROYED,
+                resolved_at=timezone.now(),
+            ):
+                continue
+            alert.refresh_from_db()
+            audit_record(
+                actor=SYSTEM,
+                action="alert.resolved",
+                workspace_id=alert.workspace_id,
+                target=alert.desktop_id,
+                alert=alert.id,
+                resolution=alert.resolution,
+            )
+            _publish(alert)
+            resolved += 1
+    return resolved
 
 
 def _in_error(desktop: Desktop) -> Finding | None:
@@ -209,24 +263,26 @@ def _agent(desktop: Desktop, now: datetime) -> Finding | None:
 
 
 def _long_turn(desktop: Desktop, limits: dict[str, int], now: datetime) -> Finding | None:
-    running = desktop.messages.filter(
-        author=ChatMessage.Author.AGENT, status=ChatMessage.Status.RUNNING
-    ).first()
+    # Timed from when a worker started each turn, not from when its message came: time spent queued
+    # behind other turns is not the agent's. (Turns from before that was kept count from their message.)
+    turns = ChatMessage.objects.filter(author=ChatMessage.Author.AGENT).annotate(
+        began=Coalesce("started_at", "created_at")
+    )
+    running = turns.filter(desktop=desktop, status=ChatMessage.Status.RUNNING).first()
     if running is None:
         return None
     took = (
-        ChatMessage.objects.filter(
+        turns.filter(
             desktop__workspace_id=desktop.workspace_id,
-            author=ChatMessage.Author.AGENT,
             status=ChatMessage.Status.DONE,
             completed_at__isnull=False,
         )
         .order_by("-completed_at")
-        .values_list("created_at", "completed_at")[:USUAL_TURNS]
+        .values_list("began", "completed_at")[:USUAL_TURNS]
     )
     usual = statistics.median([(end - start).total_seconds() for start, end in took]) if took else 0
     limit = max(limits["long_turn_minimum"], limits["long_turn_factor"] * usual)
-    elapsed = (now - running.created_at).total_seconds()
+    elapsed = (now - running.began).total_seconds()
     if elapsed < limit:
         return None
     return Finding(
@@ -307,7 +363,7 @@ def alert_acknowledge(*, actor: Actor, alert_id: str) -> Alert:
         if not Alert.objects.filter(id=alert.id, status=Status.OPEN).update(
             status=Status.ACKNOWLEDGED, acknowledged_by=actor.user, acknowledged_at=now
         ):
-            raise Conflict(_("This alert has already been acknowledged."))
+            raise Conflict(_("This alert is not open any more: it was acknowledged or resolved."))
         alert.refresh_from_db()
         audit_record(
             actor=actor,
@@ -378,6 +434,8 @@ def alert_message(alert: Alert) -> str:
             _("A turn of %(desktop)s has run for %(minutes)s minutes; turns usually take %(usual_minutes)s.")
             % d
         )
+    if alert.kind == Kind.COMMANDS:
+        return _("The agent of %(desktop)s ran %(value)s commands a minute (alert from %(limit)s).") % d
     return _("%(desktop)s made %(value)s blocked connection attempts a minute (alert from %(limit)s).") % d
 
 
@@ -398,10 +456,18 @@ def alert_email(*, alert_id: str) -> int:
     return send_mass_mail([(subject, body, None, [email]) for email in emails])
 
 
+# The workspace's webhook event for an alert in each status.
+WEBHOOK_EVENTS = {
+    Status.OPEN: "alert.raised",
+    Status.ACKNOWLEDGED: "alert.acknowledged",
+    Status.RESOLVED: "alert.resolved",
+}
+
+
 def _publish(alert: Alert) -> None:
     webhook_notify(
         workspace_id=alert.workspace_id,
-        event="alert.raised" if alert.status == Status.OPEN else "alert.acknowledged",
+        event=WEBHOOK_EVENTS[alert.status],
         payload={"alert": _described(alert)},
     )
     publish_alert_change(
@@ -427,6 +493,8 @@ def _described(alert: Alert) -> dict:
         "status": alert.status,
         "raisedAt": alert.raised_at.isoformat(),
         "acknowledgedBy": acknowledged_by,
+        "resolution": alert.resolution,
+        "resolvedAt": alert.resolved_at.isoformat() if alert.resolved_at else None,
         "seeAt": settings.SITE_URL
         + reverse("alerts", args=[alert.workspace_id], urlconf=settings.ROOT_URLCONF),
     }

@@ -81,10 +81,14 @@ def chat_claim_next(*, desktop_id: str) -> ChatMessage | None:
         reply = queued.order_by("created_at").first()
         if reply is None:
             return None
-        reply.status, reply.heartbeat_at, reply.follower = Status.RUNNING, timezone.now(), uuid.uuid4()
+        reply.status, reply.follower = Status.RUNNING, uuid.uuid4()
+        reply.heartbeat_at = reply.started_at = timezone.now()
         # Conditional on its being queued still: a turn cancelled meanwhile never starts.
         if not queued.filter(id=reply.id).update(
-            status=reply.status, heartbeat_at=reply.heartbeat_at, follower=reply.follower
+            status=reply.status,
+            heartbeat_at=reply.heartbeat_at,
+            started_at=reply.started_at,
+            follower=reply.follower,
         ):
             return None
         _publish(reply, at=0, text="")

@@ -14,10 +14,10 @@ hostname_validator = RegexValidator(
 
 
 class Role(models.TextChoices):
-    VIEWER = "viewer"
-    MEMBER = "member"
-    ADMIN = "admin"
-    OWNER = "owner"
+    VIEWER = "viewer", _("Viewer")
+    MEMBER = "member", _("Member")
+    ADMIN = "admin", _("Admin")
+    OWNER = "owner", _("Owner")
 
     @property
     def rank(self) -> int:
@@ -99,6 +99,12 @@ class Invitation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     accepted_at = models.DateTimeField(null=True, blank=True)
     declined_at = models.DateTimeField(null=True, blank=True)
+    # Who opened the e-mailed link, signed in with an account holding the address (confirmed or not):
+    # what the inviters see of the invitee's progress, and only once the invitee acts on the invitation.
+    opened_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    opened_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -167,6 +173,9 @@ class Desktop(models.Model):
     step_holder = models.CharField(max_length=64, blank=True)
     ssh_host_key = models.TextField(blank=True, help_text="Pinned on first contact, checked after")
     agent_token_hash = models.CharField(max_length=64, blank=True, help_text="HMAC of the helper's token")
+    # Commands its agent runtime has run so far, as the runtime reports them through the guest endpoint;
+    # the alerts make a rate of it. Only ever added to (an UPDATE with F()), never written whole.
+    agent_commands = models.PositiveBigIntegerField(default=0)
     image = models.JSONField(default=dict, blank=True, help_text="The golden image it was made from")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -367,6 +376,8 @@ class ChatMessage(models.Model):
     )
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # When a worker started the turn: it may have waited, queued, behind others (an agent reply only).
+    started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     # The bridge's place in the agent's output (bytes), so a new worker picks up where one died.
     output_offset = models.PositiveBigIntegerField(default=0)
@@ -624,7 +635,8 @@ class WebhookDelivery(models.Model):
 
 
 class Alert(models.Model):
-    """Something about a desktop its operators should know (desktops.alerts), until one acknowledges it.
+    """Something about a desktop its operators should know (desktops.alerts), until one acknowledges it
+    or its cause is gone for good (the desktop destroyed).
 
     One open alert per rule and desktop; and one alert per cause (the occurrence: a stay in `error`, a
     failed turn, a spell of memory use above the threshold), so an acknowledged cause is not raised again.
@@ -639,10 +651,16 @@ class Alert(models.Model):
         AGENT = "agent", _("Agent runtime")
         LONG_TURN = "long_turn", _("Long turn")
         EGRESS = "egress", _("Blocked connections")
+        COMMANDS = "commands", _("Burst of commands")
 
     class Status(models.TextChoices):
         OPEN = "open", _("Open")
         ACKNOWLEDGED = "acknowledged", _("Acknowledged")
+        # Closed without a person: its cause is gone for good (see `resolution`).
+        RESOLVED = "resolved", _("Resolved")
+
+    class Resolution(models.TextChoices):
+        DESKTOP_DESTROYED = "desktop_destroyed", _("The desktop was destroyed.")
 
     id = PublicIdField("alr")
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="alerts")
@@ -658,6 +676,8 @@ class Alert(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     acknowledged_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.CharField(max_length=30, choices=Resolution.choices, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-raised_at"]

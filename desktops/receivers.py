@@ -14,9 +14,9 @@ from desktops.models import Membership
 
 @receiver(user_logged_in)
 def on_login(sender, request, user, **kwargs):
-    # Invited people answer their invitations first (Mission Control shows them); others get a
-    # workspace of their own.
-    if not selectors.invitations_for(user=user).exists():
+    # Invited people answer their invitations first (Mission Control shows them, or what is left to
+    # do: confirm the invited address), and land in the inviter's workspace; others get one of their own.
+    if not (selectors.invitations_for(user=user).exists() or selectors.invitations_unconfirmed(user=user)):
         services.workspace_ensure_for_user(user=user)
     audit_record(actor=Actor(user=user), action="auth.login", target=f"user:{user.pk}")
 

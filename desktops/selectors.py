@@ -7,7 +7,8 @@ from datetime import datetime
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.core import signing
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Concat, Substr
 from django.utils.translation import gettext as _
 
@@ -101,15 +102,87 @@ def workspace_default(*, actor: Actor) -> Workspace:
     return workspaces[0]
 
 
+def _addresses_of(user, **confirmed) -> list[str]:
+    addresses = EmailAddress.objects.filter(user=user, **confirmed).values_list("email", flat=True)
+    return [email.lower() for email in addresses]
+
+
 def invitations_for(*, user) -> QuerySet[Invitation]:
     """The pending invitations to the user's confirmed addresses: only those can be answered."""
-    emails = EmailAddress.objects.filter(user=user, verified=True).values_list("email", flat=True)
     pending = Invitation.objects.filter(accepted_at=None, declined_at=None)
-    return pending.filter(email__in=[e.lower() for e in emails]).select_related("workspace", "invited_by")
+    return pending.filter(email__in=_addresses_of(user, verified=True)).select_related(
+        "workspace", "invited_by"
+    )
+
+
+def invitations_unconfirmed(*, user) -> list[str]:
+    """The user's unconfirmed addresses that a pending invitation waits for: confirming one is what
+    stands between them and its workspace. The invitations themselves stay hidden until then."""
+    unconfirmed = _addresses_of(user, verified=False)
+    pending = Invitation.objects.filter(accepted_at=None, declined_at=None, email__in=unconfirmed)
+    return sorted(set(pending.values_list("email", flat=True)))
 
 
 def invitations_pending(*, workspace: Workspace) -> QuerySet[Invitation]:
     return workspace.invitations.filter(accepted_at=None, declined_at=None).order_by("-created_at")
+
+
+class InvitationState:
+    """Where an invitation stands, as its workspace's admins see it."""
+
+    SENT = "sent"  # its link not opened yet, as far as anyone can tell
+    TO_CONFIRM = "to_confirm"  # opened by an account whose address is not confirmed yet
+    TO_ACCEPT = "to_accept"  # opened from a confirmed address: theirs to accept
+    DECLINED = "declined"
+
+
+def invitation_list(*, workspace: Workspace) -> list[Invitation]:
+    """The workspace's invitations not accepted (those are members now), each with its `state`.
+
+    Whether the invitee has an account shows only once they opened the e-mailed link signed in:
+    the list tells an admin nothing of who has an account before the invitee acts.
+    """
+    confirmed = EmailAddress.objects.filter(
+        user=OuterRef("opened_by"), email__iexact=OuterRef("email"), verified=True
+    )
+    rows = list(
+        workspace.invitations.filter(accepted_at=None)
+        .annotate(opener_confirmed=Exists(confirmed))
+        .select_related("invited_by")
+        .order_by("-created_at")
+    )
+    for row in rows:
+        if row.declined_at:
+            row.state = InvitationState.DECLINED
+        elif row.opened_by_id is None:
+            row.state = InvitationState.SENT
+        else:
+            row.state = InvitationState.TO_ACCEPT if row.opener_confirmed else InvitationState.TO_CONFIRM
+    return rows
+
+
+# Invitation links carry the invitation's id signed with the site's key: only its e-mail holds one.
+INVITATION_SALT = "lebureau.invitation"
+
+
+def invitation_token(invitation: Invitation) -> str:
+    return signing.dumps(invitation.id, salt=INVITATION_SALT)
+
+
+def invitation_by_token(*, token: str) -> Invitation:
+    """The pending invitation a link names; NotFound once withdrawn or answered, or for a forged link."""
+    try:
+        invitation_id = signing.loads(token, salt=INVITATION_SALT)
+    except signing.BadSignature as exc:
+        raise NotFound(_("This invitation link is not valid.")) from exc
+    found = (
+        Invitation.objects.filter(id=invitation_id, accepted_at=None, declined_at=None)
+        .select_related("workspace", "invited_by")
+        .first()
+    )
+    if found is None:
+        raise NotFound(_("This invitation was withdrawn or answered already."))
+    return found
 
 
 def membership_list(*, workspace: Workspace) -> QuerySet[Membership]:

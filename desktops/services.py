@@ -39,7 +39,13 @@ from desktops.models import (
     Workspace,
 )
 from desktops.queue import CHAT_DELIVER, LLM_KEY_CHECK, WORKSPACE_AGENT_CONFIGURE, enqueue, enqueue_step
-from desktops.selectors import invitations_for, role_in, workspace_for_control, workspace_get
+from desktops.selectors import (
+    invitation_token,
+    invitations_for,
+    role_in,
+    workspace_for_control,
+    workspace_get,
+)
 
 
 def _validated(instance, **kwargs):
@@ -158,11 +164,18 @@ def workspace_delete(*, actor: Actor, workspace_id: str) -> None:
     workspace.delete()
 
 
+def _members_locked(workspace_id: str) -> None:
+    """Within the caller's transaction: changes to the workspace's members wait for each other from
+    here to its commit, and the roles read after this are the ones that stand. Two owners demoting
+    or removing each other at once cannot both succeed and leave the workspace without one."""
+    Workspace.objects.select_for_update().filter(id=workspace_id).first()
+
+
 def _ensure_an_owner_remains(workspace: Workspace, leaving: Membership) -> None:
     if leaving.role == Role.OWNER and not workspace.memberships.filter(role=Role.OWNER).exclude(
         id=leaving.id
     ):
-        raise Conflict("A workspace keeps at least one owner; make someone else owner first.")
+        raise Conflict(_("A workspace keeps at least one owner; make someone else owner first."))
 
 
 def _role_grantable(actor: Actor, workspace: Workspace, role: str) -> Role:
@@ -187,15 +200,15 @@ def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> 
     email = email.strip().lower()
     if workspace.memberships.filter(user__email__iexact=email).exists():
         raise Conflict(_("%(email)s is already a member of this workspace.") % {"email": email})
+    # Sent again (or after a decline), it starts over: a fresh offer, not yet opened.
+    fresh = {"accepted_at": None, "declined_at": None, "opened_by": None, "opened_at": None}
     invitation, _created = Invitation.objects.update_or_create(
-        workspace=workspace,
-        email=email,
-        defaults={"role": role, "invited_by": actor.user, "accepted_at": None, "declined_at": None},
+        workspace=workspace, email=email, defaults={"role": role, "invited_by": actor.user, **fresh}
     )
     audit_record(
         actor=actor, action="member.invite", workspace_id=workspace.id, target=invitation.id, role=role
     )
-    link = f"{settings.SITE_URL}{reverse('invitations')}"
+    link = f"{settings.SITE_URL}{reverse('invitation', args=[invitation_token(invitation)])}"
     words = {"inviter": actor.user.email, "workspace": workspace.name, "role": role, "email": email}
     words["link"] = link
     transaction.on_commit(
@@ -203,8 +216,9 @@ def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> 
             _("Join %(workspace)s on Le Bureau") % words,
             _(
                 "%(inviter)s invites you to the workspace %(workspace)s as %(role)s.\n\n"
-                "Sign in (or sign up) with this address, %(email)s, confirm it, then accept the "
-                "invitation: %(link)s\n"
+                "Open this link to accept the invitation: %(link)s\n\n"
+                "Without an account, sign up there with this address, %(email)s. With one, sign in: "
+                "the invitation is answered from this address, once it is confirmed.\n"
             )
             % words,
             None,
@@ -214,12 +228,27 @@ def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> 
     return invitation
 
 
-def invitation_revoke(*, actor: Actor, workspace_id: str, invitation_id: str) -> None:
+def invitation_open(*, user, invitation: Invitation) -> bool:
+    """The invitee opened the e-mailed link, signed in: their admins may see how far they got.
+
+    Recorded only for an account holding the invited address (confirmed or not); the answer says
+    whether it does.
+    """
+    holds = user.emailaddress_set.filter(email__iexact=invitation.email).exists()
+    if holds and invitation.opened_by_id != user.pk:
+        Invitation.objects.filter(id=invitation.id).update(opened_by=user, opened_at=timezone.now())
+    return holds
+
+
+def invitation_revoke(*, actor: Actor, workspace_id: str, invitation_id: str) -> Invitation:
+    """Withdraw an invitation not accepted; the one withdrawn is returned (to send it again)."""
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    deleted, _count = workspace.invitations.filter(id=invitation_id, accepted_at__isnull=True).delete()
-    if not deleted:
+    invitation = workspace.invitations.filter(id=invitation_id, accepted_at__isnull=True).first()
+    if invitation is None:
         raise NotFound(_("Invitation %(id)s not found.") % {"id": invitation_id})
+    invitation.delete()
     audit_record(actor=actor, action="member.invite_revoke", workspace_id=workspace.id, target=invitation_id)
+    return invitation
 
 
 def invitation_answer(*, user, invitation_id: str, accept: bool) -> Membership | None:
@@ -259,13 +288,15 @@ def invitation_answer(*, user, invitation_id: str, accept: bool) -> Membership |
 
 def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, role: str) -> Membership:
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    membership = _membership_of(workspace, membership_id)
-    _owner_only_for_owners(actor, workspace, membership)
-    role = _role_grantable(actor, workspace, role)
-    if role != Role.OWNER:
-        _ensure_an_owner_remains(workspace, membership)
-    membership.role = role
-    membership.save(update_fields=["role"])
+    with transaction.atomic():
+        _members_locked(workspace.id)
+        role = _role_grantable(actor, workspace, role)
+        membership = _membership_of(workspace, membership_id)
+        _owner_only_for_owners(actor, workspace, membership)
+        if role != Role.OWNER:
+            _ensure_an_owner_remains(workspace, membership)
+        membership.role = role
+        membership.save(update_fields=["role"])
     publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
     audit_record(
         actor=actor, action="member.role", workspace_id=workspace.id, target=membership.id, role=role
@@ -273,12 +304,15 @@ def membership_set_role(*, actor: Actor, workspace_id: str, membership_id: str, 
     return membership
 
 
-def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) -> None:
+def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) -> Membership:
+    """Take someone out of the workspace; the membership removed is returned (to invite them again)."""
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
-    membership = _membership_of(workspace, membership_id)
-    _owner_only_for_owners(actor, workspace, membership)
-    _ensure_an_owner_remains(workspace, membership)
-    membership.delete()
+    with transaction.atomic():
+        _members_locked(workspace.id)
+        membership = _membership_of(workspace, membership_id)
+        _owner_only_for_owners(actor, workspace, membership)
+        _ensure_an_owner_remains(workspace, membership)
+        membership.delete()
     publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
     # The address too: once the membership is gone, the log still says whom it was.
     audit_record(
@@ -288,6 +322,7 @@ def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) ->
         target=membership_id,
         email=membership.user.email,
     )
+    return membership
 
 
 def _owner_only_for_owners(actor: Actor, workspace: Workspace, membership: Membership) -> None:

@@ -10,5 +10,6 @@ urlpatterns = [
     path("v1/desktop", guest.WhoAmI.as_view()),
     path("v1/approvals", guest.ApprovalAsk.as_view()),
     path("v1/approvals/<str:approval_id>", guest.ApprovalAnswer.as_view()),
+    path("v1/activity", guest.Activity.as_view()),
     re_path(r"^", not_found),
 ]

@@ -1,5 +1,7 @@
 """Input checks of the pages; the services decide everything else."""
 
+import re
+
 from django import forms
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
@@ -87,22 +89,30 @@ class FleetActionForm(PageForm):
         label=_lazy("Desktops"),
         error_messages={"required": _lazy("Select at least one desktop.")},
     )
-    confirm = forms.IntegerField(required=False, label=_lazy("Confirm"))
+    confirm = forms.CharField(required=False, label=_lazy("Names of the desktops to destroy"))
 
-    def __init__(self, *args, desktop_ids=(), **kwargs):
+    def __init__(self, *args, desktop_names=None, **kwargs):
+        """`desktop_names`: id -> name of the desktops that may be chosen."""
         super().__init__(*args, **kwargs)
-        self.fields["desktops"].choices = [(i, i) for i in desktop_ids]
+        self.names = desktop_names or {}
+        self.fields["desktops"].choices = [(i, i) for i in self.names]
 
     def clean_label(self):
         return self.cleaned_data["label"].strip().lower()
 
     def clean(self):
         data = super().clean()
-        selected = len(data.get("desktops", []))
-        if data.get("action") == "destroy" and data.get("confirm") != selected:
-            raise forms.ValidationError(
-                _("To destroy, type the number of selected desktops (%(count)d).") % {"count": selected}
-            )
+        if data.get("action") == "destroy":
+            # Names, not a count: the person reads what goes. Names have no spaces nor commas.
+            wanted = {self.names[i] for i in data.get("desktops", [])}
+            if set(re.split(r"[\s,]+", data.get("confirm", "").strip())) - {""} != wanted:
+                raise forms.ValidationError(
+                    _(
+                        "Nothing was destroyed: type the names of the selected desktops "
+                        "(%(names)s) to destroy them."
+                    )
+                    % {"names": ", ".join(sorted(wanted))}
+                )
         if data.get("action") in dict(LABEL_ACTIONS) and not data.get("label", "").strip():
             raise forms.ValidationError(_("Type the label to add or remove."))
         return data

@@ -6,6 +6,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("switch/", views.switch, name="switch"),
     path("invitations/", views.invitations, name="invitations"),
+    path("invitations/<str:token>/", views.invitation, name="invitation"),
     path(
         "w/<str:workspace_id>/invitations/<str:object_id>/withdraw/",
         views.invitation_revoke,

@@ -7,9 +7,12 @@ import re
 from datetime import datetime, time, timedelta
 from decimal import Decimal
 from functools import wraps
+from urllib.parse import urlencode
 
+from allauth.account.adapter import get_adapter as get_account_adapter
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection, transaction
@@ -98,6 +101,7 @@ def page(request, template: str, **context):
                 actor=request.actor, workspace_id=request.workspace.id, status=approvals.Status.PENDING
             ).count(),
             "alerts_open": alerts.alerts_open_count(workspace_id=request.workspace.id),
+            "invitations_waiting": selectors.invitations_for(user=request.user).count(),
             **context,
         },
     )
@@ -143,45 +147,108 @@ def home(request):
     """Signed out: what Le Bureau is, and the way in. Signed in: one's desktops."""
     if not request.user.is_authenticated:
         return render(request, "missioncontrol/landing.html")
-    # Invitations waiting for an answer come first: accepting or declining is one click.
-    if selectors.invitations_for(user=request.user).exists():
-        return redirect("invitations")
     workspaces = selectors.workspaces_visible(actor=Actor.from_request(request))
+    # Invitations waiting for an answer come first: accepting or declining is one click. Someone
+    # with no workspace yet whose invitation waits for them to confirm the address is told so, rather
+    # than handed an empty workspace of their own.
+    if selectors.invitations_for(user=request.user).exists() or (
+        not workspaces.exists() and selectors.invitations_unconfirmed(user=request.user)
+    ):
+        return redirect("invitations")
     current = workspaces.filter(id=request.session.get("workspace")).first() or workspaces.first()
     if current is None:
         current = services.workspace_ensure_for_user(user=request.user)
     return redirect("desktops", current.id)
 
 
+def _invitation_answered(request, invitation_id: str, *, accept: bool):
+    """The invitee's answer; accepted, they land in the workspace they joined. None when refused (the
+    page says why)."""
+    try:
+        membership = services.invitation_answer(user=request.user, invitation_id=invitation_id, accept=accept)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+        return None
+    if membership is None:
+        messages.success(request, _("Invitation declined."))
+        return redirect("home")
+    request.session["workspace"] = membership.workspace_id
+    messages.success(
+        request,
+        _("Welcome to %(workspace)s. Your role here: %(role)s.")
+        % {"workspace": membership.workspace.name, "role": membership.get_role_display()},
+    )
+    return redirect("desktops", membership.workspace_id)
+
+
 @login_required
 def invitations(request):
-    """The invitations to the signed-in person's confirmed addresses: accept or decline each."""
+    """The invitations to the signed-in person's confirmed addresses: accept or decline each; those
+    waiting for an address to be confirmed, said so; and a workspace of one's own instead."""
     if request.method == "POST":
-        accept = request.POST.get("answer") == "accept"
-        invitation_id = request.POST.get("invitation", "")
-        if attempt(
-            request,
-            lambda: services.invitation_answer(user=request.user, invitation_id=invitation_id, accept=accept),
-            _("Welcome aboard.") if accept else _("Invitation declined."),
-        ):
+        if request.POST.get("answer") == "own":
+            services.workspace_ensure_for_user(user=request.user)
             return redirect("home")
-        return redirect("invitations")
-    unconfirmed = request.user.emailaddress_set.filter(verified=False)
+        accept = request.POST.get("answer") == "accept"
+        return _invitation_answered(request, request.POST.get("invitation", ""), accept=accept) or redirect(
+            "invitations"
+        )
+    actor = Actor.from_request(request)
     return render(
         request,
         "missioncontrol/invitations.html",
-        {"invitations": selectors.invitations_for(user=request.user), "unconfirmed": unconfirmed},
+        {
+            "invitations": selectors.invitations_for(user=request.user),
+            "waiting_for": selectors.invitations_unconfirmed(user=request.user),
+            "has_workspace": selectors.workspaces_visible(actor=actor).exists(),
+        },
     )
+
+
+def invitation(request, token):
+    """The page the invitation's e-mail links to: who invites whom to what, and the way to accept it,
+    signed out (sign up or sign in), from an address still to confirm, or from the wrong account."""
+    try:
+        found = selectors.invitation_by_token(token=token)
+    except NotFound as exc:
+        response = render(request, "missioncontrol/invitation.html", {"gone": exc.message})
+        response.status_code = 404
+        return response
+    here = reverse("invitation", args=[token])
+    if request.method == "POST":
+        if not request.user.is_authenticated:
+            return redirect_to_login(here)
+        accept = request.POST.get("answer") == "accept"
+        return _invitation_answered(request, found.id, accept=accept) or redirect(here)
+    context = {"invitation": found, "here": here}
+    if not request.user.is_authenticated:
+        # Following the e-mailed link proves the address, as a confirmation link does: signing up with
+        # it from here needs no confirmation e-mail (allauth checks the address signed up with).
+        get_account_adapter(request).stash_verified_email(request, found.email)
+        context["signup_url"] = (
+            f"{reverse('account_signup')}?{urlencode({'email': found.email, 'next': here})}"
+        )
+        context["login_url"] = f"{reverse('account_login')}?{urlencode({'next': here})}"
+    else:
+        holds = services.invitation_open(user=request.user, invitation=found)
+        answerable = selectors.invitations_for(user=request.user).filter(id=found.id).exists()
+        context.update(answerable=answerable, to_confirm=holds and not answerable)
+    return render(request, "missioncontrol/invitation.html", context)
+
+
+# The workspace's pages the switcher keeps one on; every role may open them.
+SWITCH_KEEPS = {"desktops", "costs", "settings", "alerts", "approvals"}
 
 
 @login_required
 def switch(request):
-    """The workspace switcher's target: only a workspace of the user's, else back home."""
+    """The workspace switcher's target: only a workspace of the user's, else back home; the same page
+    of the other workspace when it is one of SWITCH_KEEPS."""
     wanted = request.GET.get("workspace", "")
     if not selectors.workspaces_visible(actor=Actor.from_request(request)).filter(id=wanted).exists():
         messages.error(request, _("No such workspace of yours."))
         return redirect("home")
-    return redirect("desktops", wanted)
+    return redirect(request.GET.get("to") if request.GET.get("to") in SWITCH_KEEPS else "desktops", wanted)
 
 
 # Desktops
@@ -258,12 +325,12 @@ def desktop_new(request):
 @require_POST
 @workspace_page(Role.MEMBER)
 def fleet_action(request):
-    ids = list(
+    names = dict(
         selectors.desktop_list(actor=request.actor, workspace_id=request.workspace.id).values_list(
-            "id", flat=True
+            "id", "name"
         )
     )
-    form = forms.FleetActionForm(request.POST, desktop_ids=ids)
+    form = forms.FleetActionForm(request.POST, desktop_names=names)
     if not form.is_valid():
         for errors in form.errors.values():
             messages.error(request, " ".join(errors))
@@ -575,7 +642,8 @@ def settings_page(request, **bound):
         usage_total=usage_total,
         usage_desktops=usage_desktops,
         members=selectors.membership_list(workspace=workspace),
-        invitations=selectors.invitations_pending(workspace=workspace) if can_manage else [],
+        invitations=selectors.invitation_list(workspace=workspace) if can_manage else [],
+        invite_again=request.session.pop("invite_again", None),
         api_keys=selectors.api_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
         llm_keys=selectors.llm_key_list(actor=request.actor, workspace_id=workspace.id) if can_manage else [],
         model_prices=model_price_list(workspace=workspace),
@@ -720,7 +788,7 @@ member_role = _settings_post(
     lambda r, d, membership_id: services.membership_set_role(
         actor=r.actor, workspace_id=r.workspace.id, membership_id=membership_id, role=d["role"]
     ),
-    "Role changed.",
+    _lazy("Role changed."),
 )
 api_key_new = _settings_post(
     forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once.", shown_as="api_key_form"
@@ -753,11 +821,17 @@ llm_key_rotate = _settings_post(
 )
 
 
-def _settings_delete(apply, success):
+def _settings_delete(apply, success, invite_again=None):
+    """A removal from the settings page. With `invite_again` (what was removed -> (email, role)), the
+    page then offers to invite the same person again, in one click: the cheap undo of a slip."""
+
     @require_POST
     @workspace_page(Role.VIEWER)
     def view(request, object_id):
-        attempt(request, lambda: apply(request, object_id), success)
+        removed = []
+        if attempt(request, lambda: removed.append(apply(request, object_id)), success) and invite_again:
+            email, role = invite_again(removed[0])
+            request.session["invite_again"] = {"email": email, "role": role}
         return redirect("settings", request.workspace.id)
 
     return view
@@ -765,15 +839,17 @@ def _settings_delete(apply, success):
 
 invitation_revoke = _settings_delete(
     lambda r, i: services.invitation_revoke(actor=r.actor, workspace_id=r.workspace.id, invitation_id=i),
-    _("Invitation withdrawn."),
+    _lazy("Invitation withdrawn."),
+    invite_again=lambda invitation: (invitation.email, invitation.role),
 )
 member_remove = _settings_delete(
     lambda r, i: services.membership_remove(actor=r.actor, workspace_id=r.workspace.id, membership_id=i),
-    "Member removed.",
+    _lazy("Member removed: they lost access to the workspace's desktops at once."),
+    invite_again=lambda membership: (membership.user.email, membership.role),
 )
 api_key_revoke = _settings_delete(
     lambda r, i: services.api_key_revoke(actor=r.actor, workspace_id=r.workspace.id, key_id=i),
-    "API key revoked.",
+    _lazy("API key revoked."),
 )
 model_price_delete = _settings_delete(
     lambda r, i: billing.model_price_delete(actor=r.actor, workspace_id=r.workspace.id, price_id=i),

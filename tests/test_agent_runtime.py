@@ -15,7 +15,7 @@ import pytest
 import redis
 from celery.signals import before_task_publish
 
-from desktops.models import Approval, AuditEvent, ChatMessage, Role
+from desktops.models import Approval, AuditEvent, ChatMessage, Desktop, Role
 from desktops.selectors import chat_content
 from lebureau.celery import app as celery_app
 from tests.conftest import (
@@ -279,6 +279,8 @@ def test_a_command_the_policy_names_waits_for_an_operator_and_never_runs_when_de
     assert approved.status_code == 200, approved.content
     assert answer_of(turn["id"]).content == "Pushed."
     assert run(desktop, "cat ~/pushed.txt").strip() == "pushed"
+    # Each command the agent ran was counted by the plugin, and reported with the desktop's own token.
+    wait_for(lambda: Desktop.objects.get(id=desktop.id).agent_commands == 2, "the commands were not reported")
 
     # Denied: the command never runs, and the agent is told why.
     scripted_model.script(ToolCall("exec", {"command": push}), Text("Not pushed."))
@@ -294,3 +296,5 @@ def test_a_command_the_policy_names_waits_for_an_operator_and_never_runs_when_de
     assert "An operator denied this command; it did not run." in told and "Pas aujourd'hui." in told
     decided = AuditEvent.objects.get(action="approval.denied", detail__approval=request.id)
     assert decided.detail["comment"] == "Pas aujourd'hui."
+    # A command refused is still one the agent tried.
+    wait_for(lambda: Desktop.objects.get(id=desktop.id).agent_commands == 3, "the refusal was not reported")

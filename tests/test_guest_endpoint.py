@@ -2,6 +2,7 @@
 Daphne running `lebureau.guest_asgi`): each attack tried and failing. It serves nothing but the guest
 URLs, takes nothing but a live desktop's own token, and a desktop acts on itself alone."""
 
+import json
 import os
 import secrets
 import subprocess
@@ -14,7 +15,7 @@ import requests
 from desktops import approvals
 from desktops.audit import Actor
 from desktops.crypto import api_token_hash
-from desktops.models import Role
+from desktops.models import Desktop, Role
 from tests.conftest import ROOT, api_key_for, guest_server
 from tests.factories import DesktopFactory
 
@@ -140,3 +141,70 @@ def test_a_decision_counts_only_for_exactly_what_was_asked(guest, members, tmp_p
     approvals.Approval.objects.filter(id=asked.id).update(digest="0" * 64)
     approvals.approval_decide(actor=owner, approval_id=asked.id, approve=True)
     assert asking.wait(20) == 1
+
+
+def test_a_desktop_reports_its_own_commands_and_no_other_desktops(guest, members):
+    mine, my_token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    theirs, their_token = desktop_with_token()
+    # Whatever desktop the body names, the report counts for the token's own.
+    made = call(guest, "/v1/activity", my_token, "POST", json={"commands": 7, "desktop": theirs.id})
+    assert made.status_code == 204, made.text
+    for wrong in (None, "guess", my_token + "x", api_key_for(members[Role.OWNER])):
+        refused = call(guest, "/v1/activity", wrong, "POST", json={"commands": 1000})
+        assert refused.status_code in (401, 403), (wrong, refused.text)
+    for body in ({}, {"commands": 0}, {"commands": -5}, {"commands": 100_001}, {"commands": "many"}):
+        assert call(guest, "/v1/activity", my_token, "POST", json=body).status_code == 400, body
+    assert call(guest, "/v1/activity", their_token, "POST", json={"commands": 2}).status_code == 204
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert (mine.agent_commands, theirs.agent_commands) == (7, 2)
+    theirs.state = "destroyed"
+    theirs.save(update_fields=["state"])
+    assert call(guest, "/v1/activity", their_token, "POST", json={"commands": 2}).status_code == 401
+
+
+PLUGIN = ROOT / "desktops" / "agent_plugins" / "bureau-approvals" / "index.mjs"
+# OpenClaw's side of the plugin, as far as the plugin sees it: it registers its hook, which is then
+# called before every `exec` of the agent. The commands here are none the policy names.
+OPENCLAW = """
+const plugin = (await import(process.argv[1])).default;
+let hook;
+plugin.register({
+  on: (name, handler, options) => { if (options.matcher.includes("exec")) hook = handler; },
+});
+for (let i = 0; i < Number(process.argv[2]); i++) {
+  if ((await hook({ params: { command: `echo ${i}` } }, { sessionKey: "agent:main:x" })) !== undefined) {
+    process.exit(1);
+  }
+}
+setTimeout(() => {}, 30_000); // the gateway lives on
+"""
+
+
+def test_openclaws_plugin_reports_the_agents_commands(guest, members, tmp_path):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    config, home = tmp_path / "bureau", tmp_path / "home"
+    config.mkdir()
+    (config / "guest_url").write_text(guest + "\n")
+    (config / "token").write_text(token + "\n")
+    policy = home / ".openclaw" / "bureau" / "approvals.json"
+    policy.parent.mkdir(parents=True)
+    policy.write_text(json.dumps({"commands": ["git push"], "timeout": 60}))
+    env = {**os.environ, "HOME": str(home), "BUREAU_CONFIG_DIR": str(config)}
+    gateway = subprocess.Popen(
+        ["node", "--input-type=module", "-e", OPENCLAW, PLUGIN.as_uri(), "12"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while (counted := Desktop.objects.get(id=desktop.id).agent_commands) < 12:
+            assert gateway.poll() is None, gateway.stderr.read()
+            assert time.monotonic() < deadline, f"{counted} commands reported"
+            time.sleep(0.2)
+        time.sleep(3)  # a report more would come by now
+        assert Desktop.objects.get(id=desktop.id).agent_commands == 12
+    finally:
+        gateway.kill()
+        gateway.wait()

@@ -5,11 +5,23 @@ The attack this stops: pre-register an account with a future hire's address, wai
 confirmed the invited address can accept.
 """
 
-import pytest
+import re
+import threading
+from urllib.parse import urlencode
 
+import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail, signing
+from django.db import connection
+
+from desktops import services
+from desktops.audit import Actor
+from desktops.errors import Conflict, Forbidden
 from desktops.models import Invitation, Membership, Role
 from tests.conftest import client_for
-from tests.factories import UserFactory, api_key_for
+from tests.factories import PASSWORD, MembershipFactory, UserFactory, api_key_for
+
+User = get_user_model()
 
 pytestmark = pytest.mark.django_db
 
@@ -96,3 +108,180 @@ def test_an_invitation_to_an_existing_member_is_refused(members, workspace):
         format="json",
     )
     assert response.status_code == 409
+
+
+# The invitation's own page, from the link its e-mail carries.
+
+
+def invite_by_page(client, admin, workspace, email=HIRE, role="member", capture=None):
+    client.force_login(admin.user)
+    with capture(execute=True):
+        client.post(f"/w/{workspace.id}/members/invite/", {"email": email, "role": role})
+    client.logout()
+    body = mail.outbox[-1].body
+    return re.search(r"http://\S+(/invitations/\S+/)", body).group(1)
+
+
+def states_seen_by(client, admin, workspace) -> dict[str, str]:
+    client.force_login(admin.user)
+    page = client.get(f"/w/{workspace.id}/settings/").content.decode()
+    client.logout()
+    return {email: state for state, email in re.findall(r'data-state="(\w+)"><td>([^<]+)</td>', page)}
+
+
+def test_a_newcomer_follows_the_link_signs_up_and_lands_in_the_inviters_workspace(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    link = invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
+    page = client.get(link).content.decode()
+    assert workspace.name in page and members[Role.ADMIN].user.email in page and HIRE in page
+    assert f"Rejoindre {workspace.name}" in client.get(link, HTTP_ACCEPT_LANGUAGE="fr").content.decode()
+    signup = f"/accounts/signup/?{urlencode({'email': HIRE, 'next': link})}"
+    assert signup.replace("&", "&amp;") in page
+    # Following the e-mailed link proved the address: no confirmation e-mail to wait for.
+    sent = client.post(signup, {"email": HIRE, "password1": PASSWORD, "password2": PASSWORD})
+    assert sent.status_code == 302 and sent.url == link
+    hire = User.objects.get(email=HIRE)
+    assert hire.emailaddress_set.get(email=HIRE).verified
+    assert not Membership.objects.filter(user=hire).exists()  # no empty workspace of their own
+    assert states_seen_by(client_for(), members[Role.OWNER], workspace) == {HIRE: "sent"}
+    client.force_login(hire)
+    assert client.get("/").url == "/invitations/"
+    assert "Accept and join" in client.get(link).content.decode()
+    assert states_seen_by(client_for(), members[Role.OWNER], workspace) == {HIRE: "to_accept"}
+    accepted = client.post(link, {"answer": "accept"})
+    assert accepted.url == f"/w/{workspace.id}/desktops/"
+    assert [m.workspace_id for m in Membership.objects.filter(user=hire)] == [workspace.id]
+    assert f"Welcome to {workspace.name}" in client.get(accepted.url).content.decode()
+    assert states_seen_by(client_for(), members[Role.OWNER], workspace) == {}  # a member now
+    assert client.get(link).status_code == 404  # answered: the link is spent
+
+
+def test_signing_up_without_the_link_says_to_confirm_the_address_and_the_owner_sees_it(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    link = invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post("/accounts/signup/", {"email": HIRE, "password1": PASSWORD, "password2": PASSWORD})
+    hire = User.objects.get(email=HIRE)
+    assert not hire.emailaddress_set.get(email=HIRE).verified
+    assert not Membership.objects.filter(user=hire).exists()
+    assert client.get("/").url == "/invitations/"
+    page = client.get("/invitations/").content.decode()
+    assert f"An invitation waits for {HIRE}: confirm that address" in page and workspace.name not in page
+    page = client.get(link).content.decode()
+    assert f"Confirm your address {HIRE} to accept" in page and "Accept and join" not in page
+    assert states_seen_by(client_for(), members[Role.OWNER], workspace) == {HIRE: "to_confirm"}
+    assert client.post(link, {"answer": "accept"}).status_code == 302
+    assert not Membership.objects.filter(user=hire, workspace=workspace).exists()
+    # Not joining anyone after all: a workspace of their own, on request.
+    client.post("/invitations/", {"answer": "own"})
+    assert Membership.objects.get(user=hire).role == Role.OWNER
+
+
+def test_an_account_says_nothing_to_the_inviters_before_its_owner_opens_the_link(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    person(HIRE, confirmed=True)  # an account with the address exists, confirmed
+    invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
+    invite_by_page(
+        client,
+        members[Role.ADMIN],
+        workspace,
+        "nobody@example.com",
+        capture=django_capture_on_commit_callbacks,
+    )
+    assert states_seen_by(client_for(), members[Role.OWNER], workspace) == {
+        HIRE: "sent",
+        "nobody@example.com": "sent",
+    }
+
+
+def test_someone_else_holding_the_link_cannot_accept_it(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    link = invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
+    other = person("someone.else@example.com", confirmed=True)
+    client.force_login(other)
+    page = client.get(link).content.decode()
+    assert f"This invitation is for {HIRE}" in page and "Accept and join" not in page
+    client.post(link, {"answer": "accept"})
+    client.post(link, {"answer": "decline"})
+    invitation = Invitation.objects.get(email=HIRE)
+    assert invitation.accepted_at is None and invitation.declined_at is None and invitation.opened_by is None
+    assert not Membership.objects.filter(user=other, workspace=workspace).exists()
+    # A link made up, or one for another invitation's id signed without the site's key, leads nowhere.
+    forged = signing.dumps(invitation.id, key="not the site's key", salt="lebureau.invitation")
+    assert client.get(f"/invitations/{forged}/").status_code == 404
+    assert client.get(f"/invitations/{invitation.id}/").status_code == 404
+
+
+def test_a_withdrawn_invitation_and_a_removed_member_are_invited_again_in_one_click(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    link = invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
+    client.force_login(members[Role.ADMIN].user)
+    invitation = Invitation.objects.get(email=HIRE)
+    page = client.post(
+        f"/w/{workspace.id}/invitations/{invitation.id}/withdraw/", follow=True
+    ).content.decode()
+    assert f"Invite {HIRE} again" in page and client.get(link).status_code == 404
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/w/{workspace.id}/members/invite/", {"email": HIRE, "role": "member"})
+    assert Invitation.objects.get(email=HIRE).role == "member" and HIRE in mail.outbox[-1].to
+    viewer = members[Role.VIEWER]
+    page = client.post(f"/w/{workspace.id}/members/{viewer.id}/remove/", follow=True).content.decode()
+    assert f"Invite {viewer.user.email} again" in page
+    assert (
+        f"Invite {viewer.user.email} again" not in client.get(f"/w/{workspace.id}/settings/").content.decode()
+    )
+
+
+# Roles
+
+
+def test_a_member_cannot_change_roles_and_the_last_owner_cannot_step_down(client, members, workspace):
+    owner, viewer = members[Role.OWNER], members[Role.VIEWER]
+    client.force_login(members[Role.MEMBER].user)
+    client.post(f"/w/{workspace.id}/members/{viewer.id}/role/", {"role": "admin"})
+    client.post(f"/w/{workspace.id}/members/{owner.id}/role/", {"role": "viewer"})
+    client.force_login(owner.user)
+    page = client.post(f"/w/{workspace.id}/members/{owner.id}/role/", {"role": "viewer"}, follow=True)
+    assert "keeps at least one owner" in page.content.decode()
+    client.post(f"/w/{workspace.id}/members/{owner.id}/remove/")
+    assert {m.id: m.role for m in workspace.memberships.filter(id__in=[owner.id, viewer.id])} == {
+        owner.id: Role.OWNER,
+        viewer.id: Role.VIEWER,
+    }
+
+
+def _demote(actor, target, workspace, start, refused):
+    start.wait()
+    try:
+        services.membership_set_role(
+            actor=Actor(user=actor.user), workspace_id=workspace.id, membership_id=target.id, role="admin"
+        )
+    except (Conflict, Forbidden):  # no owner left but them, or no longer an owner themselves
+        refused.append(target.id)
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_owners_demoting_each_other_at_once_leave_one_owner(workspace):
+    """Each sees the other as an owner still; changes to the members wait for each other, so the second
+    finds the first gone and is refused."""
+    for _round in range(5):
+        first, second = (MembershipFactory(workspace=workspace, role=Role.OWNER) for _ in range(2))
+        start, refused = threading.Barrier(2), []
+        threads = [
+            threading.Thread(target=_demote, args=(*pair, workspace, start, refused))
+            for pair in ((first, second), (second, first))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(refused) == 1
+        assert workspace.memberships.filter(role=Role.OWNER).count() == 1
+        workspace.memberships.all().delete()

@@ -13,8 +13,8 @@ import time_machine
 from django.conf import settings
 from django.utils import timezone
 
-from desktops import lifecycle
-from desktops.models import AuditEvent, Desktop, DesktopEvent, Role
+from desktops import alerts, lifecycle
+from desktops.models import Alert, AuditEvent, Desktop, DesktopEvent, Role
 from lebureau.celery import app as celery_app
 from tests.conftest import (
     LIFECYCLE_NODE,
@@ -130,9 +130,17 @@ def test_permanent_step_failure_puts_the_desktop_in_error_then_destroy_works(api
     desktop = wait_for_state(desktop_id, "error")
     assert desktop.last_error.startswith("The desktop could not be stopped.")
     assert desktop.error_detail == "the machine refuses to power off"
+    assert alerts.alerts_evaluate() == {"error": 1}
     assert act(api, desktop_id, "destroy").status_code == 202
     wait_for_state(desktop_id, "destroyed")
     assert driver.status(desktop_id).state == "absent"
+    # Its alert goes with it, resolved by the destroy step itself rather than left open in the counts.
+    deadline = time.monotonic() + 10
+    while (alert := Alert.objects.get(desktop_id=desktop_id)).status == "open":
+        assert time.monotonic() < deadline, "the destroyed desktop's alert stayed open"
+        time.sleep(0.05)
+    assert (alert.status, alert.resolution) == ("resolved", "desktop_destroyed")
+    assert alerts.alerts_open_count(workspace_id=desktop.workspace_id) == 0
 
 
 def test_engine_failures_never_show_the_hosts_paths_or_the_clusters_names_to_tenants(api, driver, members):

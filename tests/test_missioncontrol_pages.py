@@ -83,24 +83,25 @@ def test_viewer_cannot_create(client, members, workspace, plan):
     assert response.status_code == 403
 
 
-def test_fleet_actions_report_per_desktop_and_destroy_needs_the_count(client, members, workspace, plan):
-    running, stopped = (
-        DesktopFactory(workspace=workspace),
-        DesktopFactory(workspace=workspace, state="stopped"),
-    )
+def test_fleet_actions_report_per_desktop_and_destroy_needs_the_names(client, members, workspace, plan):
+    running = DesktopFactory(workspace=workspace, name="alpha")
+    stopped = DesktopFactory(workspace=workspace, state="stopped", name="beta")
+    other = DesktopFactory(workspace=workspace, state="stopped", name="gamma")
     logged_in(client, members[Role.MEMBER])
     url = f"/w/{workspace.id}/desktops/actions/"
     page = client.post(
         url, {"action": "stop", "desktops": [running.id, stopped.id]}, follow=True
     ).content.decode()
     assert f"{running.name}: stop requested" in page and "Cannot stop a desktop that is stopped" in page
-    page = client.post(url, {"action": "destroy", "desktops": [stopped.id], "confirm": "2"}, follow=True)
-    assert "type the number of selected desktops (1)" in page.content.decode()
-    stopped.refresh_from_db()
-    assert stopped.state == "stopped"
-    client.post(url, {"action": "destroy", "desktops": [stopped.id], "confirm": "1"})
-    stopped.refresh_from_db()
-    assert stopped.state == "destroying"
+    # A count, a name short, a name too many, another desktop's name: nothing goes.
+    for typed in ("2", "beta", "beta gamma alpha", "gamma alpha", ""):
+        page = client.post(
+            url, {"action": "destroy", "desktops": [stopped.id, other.id], "confirm": typed}, follow=True
+        )
+        assert "type the names of the selected desktops (beta, gamma)" in page.content.decode(), typed
+        assert {d.state for d in workspace.desktops.filter(id__in=[stopped.id, other.id])} == {"stopped"}
+    client.post(url, {"action": "destroy", "desktops": [stopped.id, other.id], "confirm": "gamma, beta"})
+    assert {d.state for d in workspace.desktops.filter(id__in=[stopped.id, other.id])} == {"destroying"}
 
 
 def test_fleet_action_cannot_reach_another_workspace(client, members, workspace, plan):
@@ -156,7 +157,8 @@ def test_an_invitation_is_accepted_by_its_invitee_from_the_confirmed_address(
     client.force_login(newcomer)
     # Not yet confirmed: the invitation waits, and nothing joins.
     page = client.get("/invitations/").content.decode()
-    assert "once you confirm" in page and workspace.name not in page
+    assert "An invitation waits for newcomer@example.com: confirm that address" in page
+    assert workspace.name not in page
     assert not newcomer.memberships.filter(workspace=workspace).exists()
     address.verified = True
     address.save()
@@ -230,6 +232,10 @@ def test_member_of_two_workspaces_switches(client, members, workspace):
     page = client.get(f"/w/{workspace.id}/desktops/").content.decode()
     assert other.name in page  # the switcher offers it
     assert client.get(f"/switch/?workspace={other.id}").url == f"/w/{other.id}/desktops/"
+    # The same page of the other workspace; anything else the desktops page, never another site.
+    assert client.get(f"/switch/?workspace={other.id}&to=settings").url == f"/w/{other.id}/settings/"
+    for elsewhere in ("https://evil.example/", "audit", "admin:index", "logout"):
+        assert client.get(f"/switch/?workspace={other.id}&to={elsewhere}").url == f"/w/{other.id}/desktops/"
     assert client.get("/").url == f"/w/{workspace.id}/desktops/"  # the last one opened
 
 

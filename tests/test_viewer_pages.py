@@ -1,9 +1,10 @@
 """The viewer's page: who watches a desktop and who has control, for the workspace's members only."""
 
 import pytest
+from django.test import Client
 
 from desktops.audit import Actor
-from desktops.models import DesktopState, Role
+from desktops.models import AuditEvent, DesktopState, Role
 from desktops.relays import Kind, desktop_watchers, relay_closed, relay_ticket_claim, relay_tickets_mint
 from tests.factories import DesktopFactory
 
@@ -77,3 +78,37 @@ def test_the_lifecycle_in_the_viewer_is_for_members_and_follows_the_state(client
     # And the API the buttons call refuses a viewer anyway.
     client.force_login(members[Role.VIEWER].user)
     assert client.post(f"/api/desktops/{stopped.id}/start").status_code == 403
+
+
+def test_files_in_the_viewer_are_for_those_who_may_take_control(members, running, plan):
+    """The viewer's upload goes to the files API as the page sends it (session, CSRF token): a viewer who
+    forges it is refused before a byte lands, and only roles that may take control see the controls."""
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(members[Role.VIEWER].user)
+    page = browser.get(f"/desktops/{running.id}/").content.decode()
+    assert 'id="upload-form"' not in page and 'id="download-form"' not in page
+    assert "need the Member role" in page
+    token = browser.cookies["csrftoken"].value
+    upload = browser.put(
+        f"/api/desktops/{running.id}/files?path=notes.txt",
+        b"from a viewer",
+        content_type="application/octet-stream",
+        HTTP_X_CSRFTOKEN=token,
+    )
+    assert upload.status_code == 403
+    assert browser.get(f"/api/desktops/{running.id}/files?path=.bashrc").status_code == 403
+    assert not AuditEvent.objects.filter(action__startswith="desktop.file").exists()
+
+    # The same request from a member passes the role check, and says why a stopped desktop takes none.
+    browser.force_login(members[Role.MEMBER].user)
+    page = browser.get(f"/desktops/{running.id}/").content.decode()
+    assert 'id="upload-form"' in page and f'data-transfer-max-mib="{plan.transfer_max_mib}"' in page
+    running.state = DesktopState.STOPPED
+    running.save(update_fields=["state"])
+    refused = browser.put(
+        f"/api/desktops/{running.id}/files?path=notes.txt",
+        b"from a member",
+        content_type="application/octet-stream",
+        HTTP_X_CSRFTOKEN=browser.cookies["csrftoken"].value,
+    )
+    assert refused.status_code == 409 and "stopped" in refused.json()["error"]["message"]

@@ -103,6 +103,9 @@ def _step_task(action: str):
         if up and action == "provision":
             # The policy may have changed while the desktop was being made with the one it had then.
             desktop_egress_apply.delay(desktop_id=desktop_id)
+        if up and action == "destroy":
+            # At once, rather than at the next evaluation: the navigation's count drops with the desktop.
+            alerts.alerts_resolve_destroyed(desktop_id=desktop_id)
 
     return shared_task(
         run,

@@ -13,7 +13,7 @@ from rest_framework import authentication, exceptions, permissions, serializers,
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from desktops import approvals
+from desktops import alerts, approvals
 from desktops.api.views import BodyTooLarge
 from desktops.models import Approval, Desktop
 
@@ -73,6 +73,11 @@ class ApprovalAskSerializer(serializers.Serializer):
     timeout = serializers.IntegerField(required=False, min_value=1, max_value=approvals.MAX_TIMEOUT)
 
 
+class ActivitySerializer(serializers.Serializer):
+    # A report covers a few seconds of the agent's work: more than this is no report but a lie.
+    commands = serializers.IntegerField(min_value=1, max_value=100_000)
+
+
 class GuestApprovalSerializer(serializers.ModelSerializer):
     status = serializers.SerializerMethodField()
     decided_by = serializers.SerializerMethodField()
@@ -125,3 +130,13 @@ class ApprovalAnswer(GuestView):
         """Where the request stands: pending, approved, denied or expired, with the operator's comment."""
         approval = approvals.approval_for_desktop(desktop=self.desktop, approval_id=approval_id)
         return Response(GuestApprovalSerializer(approval).data)
+
+
+class Activity(GuestView):
+    @extend_schema(exclude=True)
+    def post(self, request):
+        """What the desktop's agent runtime did since its last report: how many commands it ran."""
+        data = ActivitySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        alerts.agent_commands_record(desktop=self.desktop, **data.validated_data)
+        return Response(status=status.HTTP_204_NO_CONTENT)

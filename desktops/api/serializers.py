@@ -810,6 +810,8 @@ class AlertSerializer(serializers.ModelSerializer):
             "raised_at",
             "acknowledged_by",
             "acknowledged_at",
+            "resolution",
+            "resolved_at",
         ]
 
 

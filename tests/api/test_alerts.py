@@ -12,7 +12,7 @@ from django.db import IntegrityError, connection
 from django.test import Client
 from django.utils import timezone
 
-from desktops import alerts
+from desktops import alerts, chat, services
 from desktops.audit import Actor
 from desktops.models import Alert, AuditEvent, ChatMessage, Desktop, Role, WebhookDelivery
 from tests.conftest import client_for
@@ -156,19 +156,25 @@ def test_a_failed_turn_and_a_turn_nobody_follows_raise_agent_alerts(members, wor
     assert Alert.objects.get(status="open").cause == f"silent:{silent.id}"
 
 
-def test_a_turn_far_longer_than_usual(workspace):
+def test_a_turn_far_longer_than_usual_counted_from_its_start(members, workspace, settings):
+    settings.CHAT_STALE_AFTER = 3600  # its follower is there all along: only its length is in question
     desktop = DesktopFactory(workspace=workspace)
     now = timezone.now()
     for minutes in (2, 3, 4):
         done = ChatMessage.objects.create(desktop=desktop, author="agent", status="done", completed_at=now)
-        ChatMessage.objects.filter(id=done.id).update(created_at=now - timedelta(minutes=minutes))
+        # Each waited an hour, queued, before it started: not the agent's time.
+        ChatMessage.objects.filter(id=done.id).update(
+            created_at=now - timedelta(minutes=60 + minutes), started_at=now - timedelta(minutes=minutes)
+        )
     workspace.alert_thresholds = {"long_turn_minimum": 60}
     workspace.save()
-    running = ChatMessage.objects.create(desktop=desktop, author="agent", status="running", heartbeat_at=now)
-    ChatMessage.objects.filter(id=running.id).update(created_at=now - timedelta(minutes=14))
-    assert alerts.alerts_evaluate() == {}  # under 5 times the usual 3 minutes
-    ChatMessage.objects.filter(id=running.id).update(created_at=now - timedelta(minutes=16))
-    assert alerts.alerts_evaluate() == {"long_turn": 1}
+    # Queued for two hours behind other turns, then started by a worker now.
+    reply = services.chat_send(actor=_owner_actor(workspace), desktop=desktop, message="Lance les tests")
+    ChatMessage.objects.filter(id=reply.id).update(created_at=now - timedelta(hours=2))
+    assert chat.chat_claim_next(desktop_id=desktop.id) == reply
+    assert alerts.alerts_evaluate() == {}
+    assert alerts.alerts_evaluate(now=now + timedelta(minutes=14)) == {}  # under 5 times the usual 3 minutes
+    assert alerts.alerts_evaluate(now=now + timedelta(minutes=16)) == {"long_turn": 1}
     assert "has run for 16 minutes; turns usually take 3" in alerts.alert_message(Alert.objects.get())
 
 
@@ -198,6 +204,12 @@ def test_resources_above_the_thresholds_for_a_while(members, workspace, driver, 
     assert at(210, 100, 179) == {}
     assert at(240, 1500, 180) == {}
     assert at(300, 1500, 181) == {"memory": 1}  # a new spell, a minute long
+    # The disk fills past the workspace's default share, for a while too.
+    driver.set_disk_usage(desktop.id, 95 * 1024**3 // 10)
+    assert at(330, 100, 182) == {}
+    assert at(390, 100, 183) == {"disk": 1}
+    disk = Alert.objects.get(kind="disk")
+    assert alerts.alert_message(disk) == f"{desktop.name} fills 95% of its plan's disk (alert from 90%)."
 
 
 def test_blocked_attempts_are_counted_per_destination_and_a_burst_raises_an_alert(members, workspace, driver):
@@ -229,6 +241,78 @@ def test_blocked_attempts_are_counted_per_destination_and_a_burst_raises_an_aler
     assert Desktop.objects.get(id=desktop.id).blocked_attempts.get(destination="blocked.test").attempts == 3
     outsider = client_for(members["outsider"])
     assert outsider.get(f"/api/desktops/{desktop.id}/blocked").status_code == 404
+
+
+def test_a_burst_of_commands_raises_one_alert_per_burst(members, workspace, driver):
+    desktop = DesktopFactory(workspace=workspace, name="busy")
+    driver.plant(desktop.id)
+    workspace.alert_thresholds = {"commands_per_minute": 20}
+    workspace.save()
+    start = timezone.now()
+
+    def at(seconds, commands):
+        if commands:  # as the guest endpoint records the agent runtime's report
+            alerts.agent_commands_record(desktop=desktop, commands=commands)
+        return alerts.alerts_evaluate(now=start + timedelta(seconds=seconds))
+
+    assert at(0, 500) == {}  # all the commands before: no rate without an earlier reading
+    assert at(30, 5) == {}  # 10 a minute
+    assert at(60, 15) == {"commands": 1}  # 30 a minute
+    alert = Alert.objects.get()
+    assert alert.detail == {"value": 30, "limit": 20}
+    assert alerts.alert_message(alert) == "The agent of busy ran 30 commands a minute (alert from 20)."
+    assert at(90, 40) == {}  # the same burst, still open
+    alerts.alert_acknowledge(actor=_owner_actor(workspace), alert_id=alert.id)
+    assert at(120, 40) == {}  # the same burst, seen to
+    assert at(150, 0) == {}  # calm again
+    assert at(180, 11) == {"commands": 1}  # a new burst
+    # A stopped desktop runs nothing: its next start begins with a reading, not with a rate.
+    Desktop.objects.filter(id=desktop.id).update(state="stopped")
+    assert at(210, 0) == {}
+    Desktop.objects.filter(id=desktop.id).update(state="running")
+    Alert.objects.filter(status="open").update(status="acknowledged")
+    assert at(240, 30) == {}
+    listed = client_for(members[Role.VIEWER]).get("/api/alerts?kind=commands").json()["results"]
+    assert [a["kind"] for a in listed] == ["commands", "commands"]
+
+
+def test_a_destroyed_desktops_alerts_are_resolved_and_leave_the_counts(members, workspace, broken):
+    workspace.approval_webhook_url = "https://hooks.example.com/le-bureau"
+    workspace.save()
+    other = DesktopFactory(workspace=workspace, state="starting", name="slow")
+    Desktop.objects.filter(id=other.id).update(state_changed_at=timezone.now() - timedelta(hours=1))
+    assert alerts.alerts_evaluate() == {"error": 1, "stuck": 1}
+    gone = Alert.objects.get(desktop=broken)
+    member = Client()
+    member.force_login(members[Role.MEMBER].user)
+    assert 'title="open alerts">2</span>' in member.get(f"/w/{workspace.id}/alerts/").content.decode()
+
+    # Destroyed by another way than its destroy step (reconcile ends a stuck destroy): the next
+    # evaluation resolves its alerts, once, and raises none for it.
+    Desktop.objects.filter(id=broken.id).update(state="destroyed")
+    assert alerts.alerts_evaluate() == {}
+    gone.refresh_from_db()
+    assert (gone.status, gone.resolution, gone.acknowledged_by) == ("resolved", "desktop_destroyed", None)
+    assert gone.resolved_at is not None
+    assert alerts.alerts_open_count(workspace_id=workspace.id) == 1
+    assert alerts.alerts_resolve_destroyed() == 0
+    assert AuditEvent.objects.filter(action="alert.resolved", target=broken.id).count() == 1
+    told = WebhookDelivery.objects.get(event="alert.resolved").payload["alert"]
+    assert (told["id"], told["status"], told["resolution"]) == (gone.id, "resolved", "desktop_destroyed")
+
+    page = member.get(f"/w/{workspace.id}/alerts/").content.decode()
+    assert 'title="open alerts">1</span>' in page and "broken is in error" not in page
+    resolved = member.get(f"/w/{workspace.id}/alerts/?status=resolved&fragment=1").content.decode()
+    assert "broken is in error" in resolved and "The desktop was destroyed." in resolved
+    assert f"/alerts/{gone.id}/acknowledge/" not in resolved
+    api = client_for(members[Role.MEMBER])
+    assert [a["kind"] for a in api.get("/api/alerts?status=open").json()["results"]] == ["stuck"]
+    shown = api.get(f"/api/alerts/{gone.id}").json()
+    assert (shown["status"], shown["resolution"]) == ("resolved", "desktop_destroyed")
+    assert api.post(f"/api/alerts/{gone.id}/acknowledge").status_code == 409
+    assert Alert.objects.get(id=gone.id).acknowledged_by is None
+    # An outsider learns nothing of it.
+    assert client_for(members["outsider"]).get(f"/api/alerts/{gone.id}").status_code == 404
 
 
 def test_thresholds_are_the_workspace_admins_and_checked(members, workspace):

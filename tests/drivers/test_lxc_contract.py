@@ -271,6 +271,21 @@ def test_concurrent_provisions_lease_distinct_addresses(lxc_driver, client_key):
             lxc_driver.destroy(spec.key)
 
 
+def test_desktops_provisioned_at_once_each_have_their_firewall_rules(lxc_driver, desktops):
+    """Provisions at once share renders of the firewall (one that began after a desktop's record was
+    written covers it): none may be left out of the rules that let it answer."""
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda _: desktops(), range(4)))
+    # The bridge table binds each desktop's interface to its MAC and address.
+    bindings = subprocess.run(
+        ["nft", "list", "table", "bridge", TEST_CONFIG.nft_table], capture_output=True, text=True, check=True
+    ).stdout
+    for spec, status in made:
+        meta = lxc_driver.store.read(spec.key)
+        assert f'"{meta["veth"]}" . {meta["hwaddr"]} . {status.private_ip}' in bindings
+        assert banner(status.private_ip, 22).startswith(b"SSH-")
+
+
 def test_desktops_cannot_reach_each_other_but_the_host_reaches_both(desktops, client_key, host_listener):
     _, a = desktops()
     _, b = desktops()

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from desktops import alerts
-from desktops.models import DesktopState, Role
+from desktops.models import DesktopState, Invitation, Role
+from desktops.selectors import invitation_token
 from tests.e2e.conftest import log_in
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
 
@@ -39,8 +40,10 @@ def test_no_page_has_a_serious_accessibility_violation(browser, site, workspace,
     DesktopFactory(workspace=workspace, state=DesktopState.ERROR, name="a11y-broken")
     alerts.alerts_evaluate()  # an open alert on the alerts page
     api_key_for(owner)
+    invited = Invitation.objects.create(workspace=workspace, email="a11y@example.com", role=Role.MEMBER)
     found = {}
-    for path in ("/", "/accounts/login/", "/accounts/signup/", "/pricing/"):
+    link = f"/invitations/{invitation_token(invited)}/"
+    for path in ("/", "/accounts/login/", "/accounts/signup/", "/pricing/", link):
         page.goto(f"{site}{path}")
         found[path] = violations(page)
     log_in(page, site, owner.user.email)
@@ -51,8 +54,16 @@ def test_no_page_has_a_serious_accessibility_violation(browser, site, workspace,
         f"/w/{workspace.id}/audit/",
         f"/w/{workspace.id}/alerts/",
         f"/desktops/{desktop.id}/",
+        "/invitations/",
+        link,
     ):
         page.goto(f"{site}{path}")
         found[path] = violations(page)
+    # The dialog that asks for the names of the desktops to destroy, open.
+    page.goto(f"{site}/w/{workspace.id}/desktops/")
+    page.check("input[data-name=a11y-desk]")
+    page.click("button[value=destroy]")
+    page.wait_for_selector("#destroy-dialog[open]")
+    found["destroy dialog"] = violations(page)
     context.close()
     assert {path: v for path, v in found.items() if v} == {}

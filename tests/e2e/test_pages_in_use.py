@@ -44,13 +44,71 @@ def test_the_viewers_tabs_take_the_chats_place_and_enter_sends(page, site, works
     screenshot(page, "pages-01-chat-enter")
 
 
-def test_destroying_and_revoking_name_what_they_lose_and_can_be_called_off(page, site, workspace, plan):
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
+def test_destroying_asks_for_the_names_and_revoking_names_the_key(page, site, workspace, plan, width, height):
     owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
-    for name in ("alpha", "beta", "gamma"):
-        DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name=name)
+    desktops = {
+        name: DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name=name)
+        for name in ("alpha", "beta", "gamma")
+    }
     api_key_for(owner)
     key = ApiKey.objects.get(workspace=workspace)
+    page.set_viewport_size({"width": width, "height": height})
     log_in(page, site, owner.user.email)
+    dialog, typed, confirm = (
+        page.locator("#destroy-dialog"),
+        page.locator("#destroy-typed"),
+        page.locator("#destroy-confirm"),
+    )
+
+    page.check("input[data-name=alpha]")
+    page.check("input[data-name=gamma]")
+    page.click("button[value=destroy]")
+    # Each desktop named, with its disk and what goes with it; the button waits for their names.
+    expect(dialog).to_be_visible()
+    expect(page.locator("#destroy-title")).to_have_text("Destroy 2 desktops?")
+    expect(page.locator("#destroy-list li")).to_have_text(
+        [
+            f"alpha — its {plan.disk_gib} GiB disk and everything on it",
+            f"gamma — its {plan.disk_gib} GiB disk and everything on it",
+        ]
+    )
+    expect(dialog).to_contain_text("the agent's memory and conversations")
+    expect(confirm).to_be_disabled()
+    typed.fill("2")
+    expect(confirm).to_be_disabled()
+    typed.fill("alpha beta")
+    expect(confirm).to_be_disabled()
+    typed.fill("gamma alpha")
+    expect(confirm).to_be_enabled()
+    screenshot(page, f"destroy-01-names-typed-{width}")
+    page.keyboard.press("Escape")  # called off: nothing destroyed
+    expect(dialog).to_be_hidden()
+    page.wait_for_timeout(300)
+    assert {d.state for d in workspace.desktops.all()} == {"stopped"}
+
+    page.click("button[value=destroy]")
+    expect(typed).to_have_value("")
+    typed.fill("alpha, gamma")
+    confirm.click()
+    expect(page.locator(".messages")).to_contain_text("alpha: destroy requested")
+    expect(page.locator(".messages")).to_contain_text("gamma: destroy requested")
+    states = {d.name: d.state for d in workspace.desktops.all()}
+    assert states == {"alpha": "destroying", "beta": "stopped", "gamma": "destroying"}
+    screenshot(page, f"destroy-02-requested-{width}")
+
+    # One desktop, from its viewer: its name, typed.
+    page.goto(f"{site}/desktops/{desktops['beta'].id}/")
+    page.click("#lifecycle [data-action=destroy]")
+    expect(page.locator("#destroy-title")).to_have_text("Destroy 1 desktop?")
+    typed.fill("alpha")
+    expect(confirm).to_be_disabled()
+    typed.fill("beta")
+    screenshot(page, f"destroy-03-viewer-{width}")
+    confirm.click()
+    page.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
+    assert workspace.desktops.get(name="beta").state == "destroying"
+
     questions = []
 
     def answer(dialog):
@@ -58,12 +116,6 @@ def test_destroying_and_revoking_name_what_they_lose_and_can_be_called_off(page,
         dialog.dismiss()
 
     page.on("dialog", answer)
-    page.check("input[data-name=alpha]")
-    page.check("input[data-name=gamma]")
-    page.click("button[value=destroy]")
-    assert "alpha, gamma" in questions[-1] and "beta" not in questions[-1] and "Type 2" in questions[-1]
-    expect(page.locator("tr", has_text="alpha").locator("[data-field=state]")).to_have_text("stopped")
-
     page.goto(f"{site}/w/{workspace.id}/settings/")
     page.click("text=Revoke")
     assert key.name in questions[-1] and key.prefix in questions[-1]

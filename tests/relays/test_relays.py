@@ -9,9 +9,11 @@ import asyncio
 import json
 import os
 import socket
+import struct
 import subprocess
 import threading
 import time
+import zlib
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -268,6 +270,96 @@ def test_the_desktops_own_server_refuses_a_viewers_input_too(vnc_server):
         conn.sendall(cut_text(text))
         time.sleep(0.5)
     assert text.decode() not in clipboard(vnc_server[0])
+
+
+# The extended clipboard (UTF-8 text, zlib-compressed), which noVNC and TigerVNC speak to each other.
+EXTENDED_CLIPBOARD = -1063131698  # pseudo-encoding 0xC0A1E5CE
+TEXT, CAPS, REQUEST, PEEK, NOTIFY, PROVIDE = 1, 1 << 24, 1 << 25, 1 << 26, 1 << 27, 1 << 28
+ACCENTS = "Déjà vu : é à ç €"
+
+
+def extended_cut_text(flags: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">BxxxiI", 6, -(4 + len(payload)), flags) + payload
+
+
+def provide(text: str) -> bytes:
+    data = text.encode() + b"\0"
+    return extended_cut_text(PROVIDE | TEXT, zlib.compress(struct.pack(">I", len(data)) + data))
+
+
+async def extended_clipboard_offered(communicator, text: str) -> None:
+    """What noVNC sends when the person pastes `text`: the encodings, its capabilities, then a notify
+    (the text itself follows when the server asks for it)."""
+    await communicator.send_to(bytes_data=struct.pack(">BxHii", 2, 2, 0, EXTENDED_CLIPBOARD))
+    await communicator.send_to(
+        bytes_data=extended_cut_text(
+            CAPS | REQUEST | PEEK | NOTIFY | PROVIDE | TEXT, struct.pack(">I", 1 << 20)
+        )
+    )
+    await communicator.send_to(bytes_data=extended_cut_text(NOTIFY | TEXT))
+
+
+async def server_cut_texts(communicator, timeout: float):
+    """The ServerCutText messages the relay passes on, as (length, payload), until `timeout` passes quietly
+    (nothing else comes: no framebuffer update is asked for)."""
+    buffer = b""
+    # receive_nothing, unlike a receive that times out, leaves the relay running.
+    while not await communicator.receive_nothing(timeout=timeout, interval=0.05):
+        buffer += await communicator.receive_from()
+        while len(buffer) >= 8 and len(buffer) >= 8 + abs(struct.unpack_from(">i", buffer, 4)[0]):
+            assert buffer[0] == 3, f"not a ServerCutText: {buffer[:8]!r}"
+            length = struct.unpack_from(">i", buffer, 4)[0]
+            yield length, buffer[8 : 8 + abs(length)]
+            buffer = buffer[8 + abs(length) :]
+
+
+async def test_unicode_text_pasted_in_control_reaches_the_desktops_clipboard(desktop, member, vnc_server):
+    communicator = await relay_for(member, desktop, mode="control")
+    await browser_handshake(communicator)
+    text = f"{ACCENTS} {time.monotonic_ns()}"
+    await extended_clipboard_offered(communicator, text)
+    # An X program reading the clipboard makes the server ask the browser for the text.
+    reading = asyncio.create_task(asyncio.to_thread(clipboard, vnc_server[0]))
+    async for length, payload in server_cut_texts(communicator, timeout=5):
+        if length < 0 and struct.unpack_from(">I", payload)[0] & REQUEST:
+            await communicator.send_to(bytes_data=provide(text))
+            break
+    assert await reading == text
+    await communicator.disconnect()
+
+
+async def test_a_viewer_cannot_put_text_in_the_desktops_clipboard_with_the_extended_clipboard(
+    desktop, member, vnc_server
+):
+    communicator = await relay_for(member, desktop, mode="view")
+    await browser_handshake(communicator)
+    text = f"{ACCENTS} from a viewer {time.monotonic_ns()}"
+    await extended_clipboard_offered(communicator, text)
+    await communicator.send_to(bytes_data=provide(text))  # unasked, as an attacker would
+    await asyncio.sleep(0.5)
+    assert text not in await asyncio.to_thread(clipboard, vnc_server[0])
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize(("mode", "told"), [("control", True), ("view", False)])
+async def test_what_is_copied_in_the_desktop_reaches_only_those_in_control(
+    desktop, member, vnc_server, mode, told
+):
+    """The relay passes the server's bytes as they come: it is the desktop's server that keeps its
+    clipboard from a session opened with the view-only password."""
+    communicator = await relay_for(member, desktop, mode=mode)
+    await browser_handshake(communicator)
+    text = f"copied-in-the-desktop-{mode}-{time.monotonic_ns()}"
+    subprocess.run(  # xclip stays in the background, owning the clipboard
+        ["xclip", "-selection", "clipboard", "-i"],
+        input=text.encode(),
+        env={**os.environ, "DISPLAY": vnc_server[0]},
+        check=True,
+        timeout=5,
+    )
+    received = [payload async for _length, payload in server_cut_texts(communicator, timeout=2)]
+    assert any(text.encode() in payload for payload in received) is told
+    await communicator.disconnect()
 
 
 async def test_abandoned_relays_never_lock_others_out_of_a_screen(desktop, member):

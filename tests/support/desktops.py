@@ -1,6 +1,8 @@
 """Driving desktops through the API in tests, and reaching into them."""
 
+import shlex
 import time
+from pathlib import Path
 
 from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop
@@ -58,3 +60,17 @@ def add_scripted_model_key(api, workspace, secret: str) -> dict:
     response = api.post("/api/llm-keys", body, format="json")
     assert response.status_code == 201, response.content
     return response.json()
+
+
+# The desktop's X clipboard, read and set from inside it (see x_clipboard_guest.py).
+CLIPBOARD_SCRIPT = shlex.quote((Path(__file__).parent / "x_clipboard_guest.py").read_text())
+
+
+def desktop_clipboard(desktop: Desktop) -> str:
+    """What a program in the desktop would paste from its clipboard."""
+    return run(desktop, f"python3 -c {CLIPBOARD_SCRIPT} get")
+
+
+def copy_in_desktop(desktop: Desktop, text: str) -> None:
+    """Copy `text` in the desktop, as a program there does: it holds the clipboard until another takes it."""
+    run(desktop, f"setsid python3 -c {CLIPBOARD_SCRIPT} set {shlex.quote(text)} >/dev/null 2>&1 </dev/null &")

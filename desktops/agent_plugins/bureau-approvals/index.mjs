@@ -7,6 +7,8 @@
 // The request goes through `bureau approve`, which asks the control plane's guest endpoint with the
 // desktop's token and waits; its decision is bound to the exact command, directory, environment and
 // session asked about. Anything but an approval (a denial, no answer in time, an error) blocks.
+// It also counts every command the agent runs and reports the count to the guest endpoint every few
+// seconds, so that the control plane can tell a burst of commands (its alerts).
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { homedir } from "node:os";
@@ -23,6 +25,13 @@ const OUTCOME = {
 const HOOK_BUDGET = 600_000;
 // What the control plane keeps of a title.
 const MAX_TITLE = 200;
+// Where the desktop's credential for the control plane's guest endpoint, and its address, are written.
+const BUREAU_CONFIG = process.env.BUREAU_CONFIG_DIR || "/etc/bureau";
+// Commands are reported in batches, at most this often (ms): one request per command would make a
+// burst of commands a burst of requests too.
+const REPORT_EVERY = 2_000;
+// The most commands the guest endpoint takes in one report.
+const MAX_REPORT = 100_000;
 
 function readPolicy() {
   return JSON.parse(readFileSync(POLICY, "utf8"));
@@ -57,7 +66,44 @@ function ask({ title, details, cwd, timeout, signal }) {
   });
 }
 
+let unreported = 0;
+let reporting = null;
+
+function bureauSetting(name) {
+  return readFileSync(join(BUREAU_CONFIG, name), "utf8").trim();
+}
+
+// A timer that holds no command back and does not keep the gateway alive.
+function reportSoon() {
+  reporting ??= setTimeout(report, REPORT_EVERY).unref();
+}
+
+async function report() {
+  reporting = null;
+  const commands = Math.min(unreported, MAX_REPORT);
+  unreported -= commands;
+  try {
+    const answer = await fetch(`${bureauSetting("guest_url")}/v1/activity`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${bureauSetting("token")}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ commands }),
+      signal: AbortSignal.timeout(10_000),
+    });
+    if (!answer.ok) {
+      throw new Error(`the guest endpoint answered ${answer.status}`);
+    }
+  } catch (error) {
+    unreported += commands; // told with the next report
+    console.warn(`bureau-approvals: ${commands} command(s) not reported yet (${error})`);
+  }
+  if (unreported) {
+    reportSoon(); // those run meanwhile, or those this report failed to tell
+  }
+}
+
 async function beforeExec(event, ctx) {
+  unreported += 1;
+  reportSoon();
   const command = typeof event.params?.command === "string" ? event.params.command : "";
   let policy;
   try {
@@ -89,7 +135,7 @@ async function beforeExec(event, ctx) {
 export default {
   id: "bureau-approvals",
   name: "Le Bureau approvals",
-  description: "Commands the workspace's policy names wait for an operator's approval.",
+  description: "Commands the policy names wait for an operator's approval; every command is counted.",
   register(api) {
     api.on("before_tool_call", beforeExec, { matcher: ["exec"], priority: 1000, timeoutMs: HOOK_BUDGET });
   },

@@ -1,5 +1,6 @@
 // The desktops list, live: one server-sent event stream for the workspace updates each row.
 // Its words come from Django's JavaScript catalogue (gettext, ngettext, interpolate), loaded before it.
+import { confirmDestroy } from "./destroy_dialog.js";
 import { onOpen, workspaceEvents } from "./events.js";
 
 const table = document.getElementById("desktops-table");
@@ -88,7 +89,7 @@ rows.addEventListener("load", (e) => e.target.matches?.("img.thumb") && e.target
 setInterval(refreshThumbnails, THUMBNAIL_EVERY);
 document.addEventListener("visibilitychange", refreshThumbnails);
 
-// Fleet actions: select many, act once; destroy asks for the count.
+// Fleet actions: select many, act once; destroy asks for the names of the desktops it wipes.
 
 function bindSelection() {
   const boxes = [...rows.querySelectorAll('input[name="desktops"]')];
@@ -111,15 +112,18 @@ function bindSelection() {
 }
 
 const fleet = document.getElementById("fleet");
-fleet.addEventListener("submit", (event) => {
+let namesTyped = false;
+fleet.addEventListener("submit", async (event) => {
   const button = event.submitter;
-  if (!button || !("confirmCount" in button.dataset)) return;
+  if (button?.value !== "destroy" || namesTyped) return;
+  event.preventDefault();
   const chosen = [...rows.querySelectorAll('input[name="desktops"]:checked')];
-  const n = chosen.length;
-  const names = chosen.map((box) => box.dataset.name).join(", ");
-  const typed = prompt(button.dataset.confirmCount.replace("{names}", names).replace("{count}", n));
-  if (typed === null) return event.preventDefault();
-  document.getElementById("confirm").value = typed.trim();
+  const typed = await confirmDestroy(chosen.map((box) => ({ name: box.dataset.name, disk: box.dataset.disk })));
+  if (typed === null) return;
+  // The server checks the names again: nothing is destroyed unless they are the selected desktops'.
+  document.getElementById("confirm").value = typed;
+  namesTyped = true;
+  fleet.requestSubmit(button);
 });
 
 bindSelection();

@@ -5,6 +5,7 @@
 import RFB from "../vendor/novnc/core/rfb.js";
 import { Terminal } from "../vendor/xterm/xterm.mjs";
 import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
+import { confirmDestroy } from "./destroy_dialog.js";
 import { onOpen, workspaceEvents } from "./events.js";
 
 const root = document.getElementById("viewer");
@@ -72,17 +73,15 @@ function applyState(state) {
     button.hidden = !button.dataset.when.split(" ").includes(state);
     button.disabled = false;
   });
+  applyFiles();
 }
-applyState(stateBadge.textContent.trim());
 
 lifecycle?.addEventListener("click", async (event) => {
   const button = event.target.closest("[data-action]");
   if (!button) return;
   const action = button.dataset.action;
-  if (action === "destroy") {
-    const typed = prompt(lifecycle.dataset.destroyPrompt);
-    if (typed === null) return;
-    if (typed.trim() !== root.dataset.name) return alert(lifecycle.dataset.destroyMismatch);
+  if (action === "destroy" && (await confirmDestroy([{ name: root.dataset.name, disk: lifecycle.dataset.disk }])) === null) {
+    return;
   }
   button.disabled = true;
   try {
@@ -113,6 +112,7 @@ function connectScreen(session) {
     show(screenStatus, "");
     screen.focus();
   });
+  screen.addEventListener("clipboard", (event) => copiedInTheDesktop(event.detail.text));
   screen.addEventListener("disconnect", () => {
     if (rfb !== screen) return; // replaced on purpose (mode switch, reconnect)
     rfb = null;
@@ -226,19 +226,229 @@ function setMode(next) {
   mode = next;
   document.getElementById("mode-view").setAttribute("aria-pressed", String(mode === "view"));
   document.getElementById("mode-control").setAttribute("aria-pressed", String(mode === "control"));
+  applyFiles();
   connect(); // a new token for the new mode: the relays enforce it, not this page
 }
 document.getElementById("mode-view").addEventListener("click", () => setMode("view"));
 document.getElementById("mode-control").addEventListener("click", () => canControl && setMode("control"));
 document.getElementById("fullscreen").addEventListener("click", () => document.getElementById("screen").requestFullscreen());
+// The clipboard, in control only (the relay drops a watcher's, and the desktop sends a watcher none).
+// noVNC and the desktop's TigerVNC both speak the extended clipboard, whose text is UTF-8.
+const clipboardField = document.getElementById("clipboard-text");
+clipboardField.addEventListener("input", () => clipboardField.setCustomValidity(""));
 document.getElementById("clipboard-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  const field = document.getElementById("clipboard-text");
-  if (rfb && mode === "control") {
-    rfb.clipboardPasteFrom(field.value);
-    field.value = "";
+  if (mode !== "control") {
+    clipboardField.setCustomValidity(gettext("Take control to paste into the desktop."));
+    clipboardField.reportValidity();
+    return;
   }
+  if (!rfb) return; // reconnecting: the text stays in the field for another try
+  rfb.clipboardPasteFrom(clipboardField.value);
+  clipboardField.value = "";
 });
+
+const desktopClipboard = document.getElementById("desktop-clipboard");
+const clipboardNote = document.getElementById("clipboard-note");
+
+async function copiedInTheDesktop(text) {
+  if (!desktopClipboard) return;
+  desktopClipboard.value = text;
+  try {
+    await navigator.clipboard.writeText(text);
+    show(clipboardNote, gettext("Copied in the desktop: it is in your clipboard too."));
+  } catch {
+    show(clipboardNote, gettext("Copied in the desktop: your browser keeps its clipboard from this page, copy it from the field."));
+  }
+}
+
+// Files: into the agent's home (or a folder of it) by dropping them on the screen or choosing them,
+// out as a file or a folder's zip; each transfer with its progress. The API does the checking.
+
+const MIB = 1024 * 1024;
+const transfers = document.getElementById("transfers");
+const dropHint = document.getElementById("drop-hint");
+const filesUrl = (path) => `/api/desktops/${desktopId}/files?path=${encodeURIComponent(path)}`;
+
+// Why files cannot move now, or "" when they can.
+function filesBlocked() {
+  if (!canControl) return document.getElementById("mode-control").title;
+  if (stateBadge.textContent !== "running") return notRunning.textContent;
+  if (mode !== "control") return gettext("Take control to move files in and out of the desktop.");
+  return "";
+}
+
+function applyFiles() {
+  const why = filesBlocked();
+  document.querySelectorAll("#upload-form button, #download-form button").forEach((button) => {
+    button.disabled = Boolean(why);
+    button.title = why;
+  });
+}
+
+function errorOf(status, body) {
+  try {
+    return JSON.parse(body).error.message;
+  } catch {
+    return interpolate(gettext("Mission Control answered with an error (HTTP %(status)s)."), { status }, true);
+  }
+}
+
+// One transfer's line in the panel: its name, a progress bar and where it stands.
+function transfer(label) {
+  const item = document.createElement("li");
+  const name = document.createElement("span");
+  const bar = document.createElement("progress");
+  const status = document.createElement("span");
+  name.textContent = label;
+  bar.max = 100;
+  bar.value = 0;
+  bar.setAttribute("aria-label", label);
+  status.className = "transfer-status";
+  item.dataset.state = "running";
+  item.append(name, bar, status);
+  transfers.prepend(item);
+  document.getElementById("files-tab").click(); // where the progress shows
+  const settle = (state, text) => {
+    item.dataset.state = state;
+    status.textContent = text;
+  };
+  return {
+    progress(fraction, bytes) {
+      if (fraction === null) bar.removeAttribute("value"); // a folder's zip: its size is known at the end
+      else bar.value = Math.round(fraction * 100);
+      status.textContent = interpolate(gettext("%(mib)s MiB"), { mib: (bytes / MIB).toFixed(1) }, true);
+    },
+    status: (text) => (status.textContent = text),
+    done(text) {
+      bar.value = 100;
+      settle("done", text);
+    },
+    fail(text) {
+      bar.value = 0; // what was sent, if anything, was not kept
+      settle("error", text);
+    },
+  };
+}
+
+function upload(file, folder) {
+  const path = folder ? `${folder.replace(/\/+$/, "")}/${file.name}` : file.name;
+  const entry = transfer(interpolate(gettext("Upload of %(name)s"), { name: file.name }, true));
+  const why = filesBlocked();
+  if (why) return Promise.resolve(entry.fail(why));
+  const cap = Number(root.dataset.transferMaxMib);
+  if (file.size > cap * MIB) {
+    const size = (file.size / MIB).toFixed(1);
+    const text = gettext("%(size)s MiB is more than this desktop's plan moves at once (%(cap)s MiB): nothing was sent.");
+    return Promise.resolve(entry.fail(interpolate(text, { size, cap }, true)));
+  }
+  return new Promise((resolve) => {
+    const request = new XMLHttpRequest();
+    request.open("PUT", filesUrl(path));
+    request.setRequestHeader("X-CSRFToken", csrf);
+    request.setRequestHeader("Content-Type", "application/octet-stream");
+    request.upload.onprogress = (event) => event.lengthComputable && entry.progress(event.loaded / event.total, event.loaded);
+    // Sent: the desktop takes it under its own name only once the whole file is there.
+    request.upload.onload = () => entry.status(gettext("Writing it in the desktop…"));
+    request.onload = () => {
+      if (request.status === 201) {
+        const written = JSON.parse(request.responseText).path;
+        entry.done(interpolate(gettext("In the desktop: %(path)s"), { path: written }, true));
+      } else {
+        entry.fail(`${errorOf(request.status, request.responseText)} ${gettext("Nothing was written.")}`);
+      }
+      resolve();
+    };
+    request.onerror = request.onabort = () => {
+      entry.fail(gettext("The upload was cut off: nothing was written in the desktop."));
+      resolve();
+    };
+    request.send(file);
+  });
+}
+
+async function uploadAll(files) {
+  const folder = document.getElementById("upload-folder")?.value.trim() || "";
+  for (const file of files) await upload(file, folder);
+}
+
+// The name the server gave the download (RFC 6266, as Django writes it).
+function savedName(header, path) {
+  const encoded = /filename\*=utf-8''([^;]+)/i.exec(header || "");
+  if (encoded) return decodeURIComponent(encoded[1]);
+  const plain = /filename="((?:\\.|[^"])*)"/.exec(header || "");
+  return plain ? plain[1].replace(/\\(.)/g, "$1") : path.split("/").pop();
+}
+
+function download(path) {
+  const entry = transfer(interpolate(gettext("Download of %(path)s"), { path }, true));
+  const why = filesBlocked();
+  if (why) return entry.fail(why);
+  const request = new XMLHttpRequest();
+  request.open("GET", filesUrl(path));
+  request.responseType = "blob";
+  request.onprogress = (event) => entry.progress(event.lengthComputable ? event.loaded / event.total : null, event.loaded);
+  request.onload = async () => {
+    if (request.status !== 200) return entry.fail(errorOf(request.status, await request.response.text()));
+    const name = savedName(request.getResponseHeader("Content-Disposition"), path);
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(request.response);
+    link.download = name;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(link.href), 60000);
+    entry.done(interpolate(gettext("Saved as %(name)s."), { name }, true));
+  };
+  request.onerror = () => entry.fail(gettext("The download was cut off."));
+  request.send();
+}
+
+if (transfers) {
+  const input = document.getElementById("upload-input");
+  document.getElementById("upload-choose").addEventListener("click", () => input.click());
+  input.addEventListener("change", () => {
+    uploadAll([...input.files]);
+    input.value = "";
+  });
+  document.getElementById("download-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    download(document.getElementById("download-path").value.trim());
+  });
+}
+
+// Dropping on the screen: files only (a folder is refused by name), with what would happen shown
+// while they hover.
+const screenPane = document.getElementById("screen");
+const dragsFiles = (event) => event.dataTransfer?.types.includes("Files");
+screenPane.addEventListener("dragover", (event) => {
+  if (!dragsFiles(event)) return;
+  event.preventDefault(); // else the browser opens the file in place of the page
+  const why = transfers ? filesBlocked() : document.getElementById("mode-control").title;
+  const folder = document.getElementById("upload-folder")?.value.trim();
+  show(
+    dropHint,
+    why ||
+      (folder
+        ? interpolate(gettext("Drop to put the files in %(folder)s"), { folder }, true)
+        : gettext("Drop to put the files in the agent's home")),
+  );
+});
+screenPane.addEventListener("dragleave", (event) => {
+  if (!screenPane.contains(event.relatedTarget)) show(dropHint, "");
+});
+screenPane.addEventListener("drop", (event) => {
+  if (!dragsFiles(event)) return;
+  event.preventDefault();
+  show(dropHint, "");
+  if (!transfers) return alert(document.getElementById("mode-control").title);
+  const folders = [...event.dataTransfer.items].map((item) => item.webkitGetAsEntry?.()).filter((e) => e?.isDirectory);
+  for (const folder of folders) {
+    transfer(folder.name).fail(gettext("A folder cannot be dropped: drop the files in it, or a zip of it."));
+  }
+  const names = new Set(folders.map((folder) => folder.name));
+  uploadAll([...event.dataTransfer.files].filter((file) => !names.has(file.name)));
+});
+
+applyState(stateBadge.textContent.trim());
 
 // The chat: the stored conversation, then answers streamed live as the agent writes them
 // (the workspace's event stream carries each new piece with its place in the answer).

@@ -288,9 +288,17 @@ class LxcDriver(ComputeDriver):
         return meta
 
     def _sync_network(self) -> None:
-        """Re-render the project's firewall from every desktop's metadata, under the host-wide lock."""
+        """Re-render the project's firewall from every desktop's metadata, under the host-wide lock.
+
+        Callers write their desktop's metadata first, so a render that began after this call holds it
+        already: of ten provisions at once, those that waited while another rendered skip their own.
+        """
         config = self.config
+        asked = self.store.clock()
         with self.store.locked(NETWORK_LOCK):
+            if self.store.network_synced_since(asked):
+                return
+            began = self.store.clock()
             desktops = [
                 network.DesktopRules(
                     m["ip"],
@@ -318,6 +326,7 @@ class LxcDriver(ComputeDriver):
                 )
             except RuntimeError as exc:
                 raise DriverError(f"could not set up the desktops' network: {exc}") from exc
+            self.store.network_synced(began)
 
     def _ensure_resolver(self, meta: dict) -> None:
         config = self.config

@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import time
 from pathlib import Path
 
 from workers.drivers.base import DriverError
 
 # The lock that every change of the host's network (addresses, bridge, firewall) takes.
 NETWORK_LOCK = ".network"
+# When the last render of the firewall that succeeded began: this boot's id and its monotonic clock.
+NETWORK_SYNCED = "network.synced"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def checked_key(key: str) -> str:
@@ -69,6 +73,22 @@ class DesktopStore:
         if meta is None or not self.config_path(key).exists():
             raise DriverError(f"cannot {action} desktop {key}: it does not exist on this host")
         return meta
+
+    @staticmethod
+    def clock() -> float:
+        # The same in every process of the host; never compared across a reboot (see BOOT_ID).
+        return time.monotonic()
+
+    def network_synced_since(self, moment: float) -> bool:
+        """Whether a render of the firewall that began after `moment` (of this boot) succeeded."""
+        try:
+            boot, began = (self.lock_dir / NETWORK_SYNCED).read_text().split()
+            return boot == BOOT_ID and float(began) > moment
+        except (OSError, ValueError):
+            return False
+
+    def network_synced(self, began: float) -> None:
+        (self.lock_dir / NETWORK_SYNCED).write_text(f"{BOOT_ID} {began!r}")
 
     @contextlib.contextmanager
     def locked(self, name: str):

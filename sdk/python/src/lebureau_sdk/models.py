@@ -223,6 +223,7 @@ class AlertThresholds:
     disk_percent: int
     sustained_seconds: int
     blocked_per_minute: int
+    commands_per_minute: int
     long_turn_factor: int
     long_turn_minimum: int
 
@@ -485,7 +486,8 @@ class Approval:
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    """What an alert rule found on a desktop, open until someone acknowledges it."""
+    """What an alert rule found on a desktop, open until someone acknowledges it or it is resolved
+    (`resolution`: `desktop_destroyed`)."""
 
     id: str
     workspace: str
@@ -498,6 +500,8 @@ class Alert:
     raised_at: datetime
     acknowledged_by: str
     acknowledged_at: datetime | None
+    resolution: str
+    resolved_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
