@@ -57,6 +57,7 @@ ACTIONS = {
     "approval.expired": _("approval timed out"),
     "alert.raised": _("alert raised"),
     "alert.acknowledged": _("alert acknowledged"),
+    "alert.resolved": _("alert resolved"),
     "billing.tier": _("tier changed"),
     "billing.credit": _("credit granted"),
     "billing.model_price": _("model price saved"),
