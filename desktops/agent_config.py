@@ -128,7 +128,8 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
         "tools": {"exec": {"host": "gateway", "security": "full", "ask": "off"}},
         "browser": BROWSER,
         # Into the gateway's environment, for the browser it launches (and the commands it runs) to
-        # draw on the desktop's screen.
+        # draw on the desktop's screen. OpenClaw restarts its gateway (in-process) to apply a change
+        # here: once per boot, since the image's boot configuration has none.
         "env": {"vars": {"DISPLAY": DISPLAY}},
         "models": {"mode": "merge", "providers": {**WARMUP_PROVIDER, **providers}},
         "plugins": {

@@ -308,8 +308,10 @@ def test_a_command_the_policy_names_waits_for_an_operator_and_never_runs_when_de
     wait_for(lambda: Desktop.objects.get(id=desktop.id).agent_commands == 3, "the refusal was not reported")
 
 
-# A page of one colour no desktop shows otherwise: where it covers most of the screen, it is on it.
+# A page of one colour no desktop shows otherwise: where it covers a large part of the screen, it is on
+# it (the browser is maximised; the terminal of the agent's commands may cover a corner of it).
 MAGENTA = (255, 0, 255)
+ON_SCREEN = 0.4
 MAGENTA_PAGE = b"<!doctype html><style>html,body{margin:0;height:100%;background:#f0f}</style>"
 
 
@@ -377,20 +379,34 @@ def test_the_agent_browses_and_runs_commands_on_the_screen_the_operator_watches(
     )
     turn = chat(lxc_api, desktop, "Ouvre la page et lance la commande")
     # The browser the agent drives is the Chromium on the desktop's screen, not a headless one: the
-    # operator's screenshot shows the page it opened, filling most of the screen.
+    # operator's screenshot shows the page it opened, over a large part of the screen.
     wait_for(
-        lambda: magenta_share(lxc_api, desktop) > 0.6,
+        lambda: magenta_share(lxc_api, desktop) > ON_SCREEN,
         lambda: why_not_shown(desktop, scripted_model, turn),
         timeout=120,
     )
     assert answer_of(turn["id"]).content == "Opened, and ran it."
-    assert magenta_share(lxc_api, desktop) > 0.6  # the browser stays open for the operator to see
+    assert magenta_share(lxc_api, desktop) > ON_SCREEN  # the browser stays open for the operator to see
 
     # The command, and what it printed, are in the log a terminal window on that screen follows.
     log = run(desktop, "cat ~/.cache/bureau/agent-commands.log")
     assert f"$ {command}\nshown-on-the-screen\n" in log
     title = gettext("The agent's commands")
-    window = run(desktop, f"DISPLAY=:0 xwininfo -name {shlex.quote(title)}")
-    assert "Map State: IsViewable" in window
+    assert "Map State: IsViewable" in shown(desktop, title)
     follower = run(desktop, "ps -o args= -u agent")
     assert "tail -n 200 -F /home/agent/.cache/bureau/agent-commands.log" in follower
+
+    # The window closed and the log made unwritable: the agent's next command runs all the same, and
+    # the window opens again.
+    run(desktop, "pkill -u agent -f '^xfce4-terminal --disable-server'; true")
+    wait_for(lambda: "IsViewable" not in shown(desktop, title), "the terminal window did not close")
+    run(desktop, "cd ~/.cache/bureau && rm agent-commands.log && mkdir agent-commands.log")
+    scripted_model.script(ToolCall("exec", {"command": "echo still-runs > ~/still.txt"}), Text("Still ran."))
+    assert answer_of(chat(lxc_api, desktop, "Encore une commande")["id"]).content == "Still ran."
+    assert run(desktop, "cat ~/still.txt").strip() == "still-runs"
+    wait_for(lambda: "IsViewable" in shown(desktop, title), "the terminal window did not open again")
+
+
+def shown(desktop, title: str) -> str:
+    """What X says of the window of that title on the desktop's screen (nothing when there is none)."""
+    return run(desktop, f"DISPLAY=:0 xwininfo -name {shlex.quote(title)} 2>/dev/null || true")

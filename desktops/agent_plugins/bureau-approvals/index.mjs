@@ -120,7 +120,8 @@ function terminalShow() {
   }
   try {
     mkdirSync(join(homedir(), ".cache", "bureau"), { recursive: true });
-    const args = ["--disable-server", "--hide-menubar", "--geometry=110x30", "--title", screen.title];
+    // In the screen's bottom right-hand corner, small enough to leave the browser the agent drives in view.
+    const args = ["--disable-server", "--hide-menubar", "--geometry=100x14-0-0", "--title", screen.title];
     // `tail -F` follows the log even while it does not exist yet, or once it is replaced.
     args.push("--command", `tail -n 200 -F ${SCREEN_LOG}`);
     terminal = spawn("xfce4-terminal", args, {
