@@ -17,6 +17,7 @@ import paramiko
 from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
+from django.utils.translation import gettext as _
 
 from desktops import crypto
 from desktops.events import LLMKeyChecked, publish_llm_key_checked
@@ -47,6 +48,22 @@ APPROVALS_POLICY = posixpath.join(PLUGIN_DIR, "approvals.json")
 APPROVALS_PLUGIN_FILES = {
     posixpath.join(APPROVALS_PLUGIN, source.name): source.read_bytes()
     for source in sorted((Path(__file__).parent / "agent_plugins" / APPROVALS_PLUGIN_ID).iterdir())
+}
+# The desktop's own screen (Xvnc on :0, image-build/guest/vnc-session), the one the operator watches.
+DISPLAY = ":0"
+# The agent's browser: the image's Chromium, launched by OpenClaw on that screen rather than headless
+# (OpenClaw's default when its process has no DISPLAY, as the gateway's service has not), maximised so
+# that what it does fills the operator's view.
+BROWSER = {
+    "enabled": True,
+    "headless": False,
+    "executablePath": "/usr/bin/chromium",
+    "extraArgs": ["--start-maximized"],
+    # OpenClaw's guard keeps a browser on someone's own machine off their private network. Here the
+    # desktop is the agent's machine and its firewall is the boundary: `exec` reaches what the
+    # desktop's network lets through anyway, and the agent's own servers on loopback (a dev server it
+    # started) are exactly what it must be able to open.
+    "ssrfPolicy": {"dangerouslyAllowPrivateNetwork": True},
 }
 # OpenClaw waits at most 600 s for the plugin's verdict on a tool call (and refuses the call then): a
 # request asked from there waits a little less, whatever the workspace's default.
@@ -110,10 +127,21 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
         # explicitly, so a default that changes cannot change it; the workspace's policy is held by the
         # approvals plugin instead.
         "tools": {"exec": {"host": "gateway", "security": "full", "ask": "off"}},
+        "browser": BROWSER,
+        # Into the gateway's environment, for the browser it launches (and the commands it runs) to
+        # draw on the desktop's screen. OpenClaw restarts its gateway (in-process) to apply a change
+        # here: once per boot, since the image's boot configuration has none.
+        "env": {"vars": {"DISPLAY": DISPLAY}},
         "models": {"mode": "merge", "providers": {**WARMUP_PROVIDER, **providers}},
         "plugins": {
             "load": {"paths": [f"~/{APPROVALS_PLUGIN}"]},
-            "entries": {APPROVALS_PLUGIN_ID: {"enabled": True}},
+            "entries": {
+                APPROVALS_PLUGIN_ID: {
+                    "enabled": True,
+                    # The title of the terminal window where the plugin shows the agent's commands.
+                    "config": {"screen": {"display": DISPLAY, "title": _("The agent's commands")}},
+                }
+            },
         },
     }
     if models:

@@ -54,6 +54,8 @@ SCRIPTED_MODEL_URL = f"http://{SCRIPTED_MODEL_HOST}:{SCRIPTED_MODEL_PORT}/v1"
 # The guest endpoint the test desktops are given, on the test bridge's host address too.
 GUEST_PORT = 18432
 GUEST_URL = f"http://{SCRIPTED_MODEL_HOST}:{GUEST_PORT}"
+# Where tests serve pages for the desktops' agents to browse, on the test bridge's host address too.
+BRIDGE_PAGE_PORT = 18433
 
 
 def pytest_configure(config):
@@ -179,9 +181,9 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
         basetemp,
         DRIVER_RETRY_MAX="2",
         DRIVER_RETRY_BACKOFF_MAX="1",
-        # Desktops may reach the scripted model server and the guest endpoint on the host, and a dead
-        # worker's chat turn is handed on after 3 s rather than a minute.
-        LXC_HOST_TCP_PORTS=f"{SCRIPTED_MODEL_PORT},{GUEST_PORT}",
+        # Desktops may reach the scripted model server, the guest endpoint and the suite's pages on the
+        # host, and a dead worker's chat turn is handed on after 3 s rather than a minute.
+        LXC_HOST_TCP_PORTS=f"{SCRIPTED_MODEL_PORT},{GUEST_PORT},{BRIDGE_PAGE_PORT}",
         GUEST_URL=GUEST_URL,
         # The suite's webhook receivers listen on loopback.
         WEBHOOK_ALLOW_PRIVATE="true",

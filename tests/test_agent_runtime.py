@@ -4,23 +4,31 @@ Real LXC desktops of the full image run the real OpenClaw; the only double is th
 scripted OpenAI-compatible server on the test bridge's host address (no LLM is reachable here).
 """
 
+import io
 import json
 import secrets
+import shlex
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import redis
 from celery.signals import before_task_publish
+from django.utils.translation import gettext
+from PIL import Image
 
 from desktops.models import Approval, AuditEvent, ChatMessage, Desktop, Role
 from desktops.selectors import chat_content
 from lebureau.celery import app as celery_app
 from tests.conftest import (
+    BRIDGE_PAGE_PORT,
     CHAT_NODE,
     FULL_IMAGE,
+    SCRIPTED_MODEL_HOST,
     TEST_BROKER,
     TEST_CHAT_QUEUE,
     TEST_QUEUE,
@@ -298,3 +306,107 @@ def test_a_command_the_policy_names_waits_for_an_operator_and_never_runs_when_de
     assert decided.detail["comment"] == "Pas aujourd'hui."
     # A command refused is still one the agent tried.
     wait_for(lambda: Desktop.objects.get(id=desktop.id).agent_commands == 3, "the refusal was not reported")
+
+
+# A page of one colour no desktop shows otherwise: where it covers a large part of the screen, it is on
+# it (the browser is maximised; the terminal of the agent's commands may cover a corner of it).
+MAGENTA = (255, 0, 255)
+ON_SCREEN = 0.4
+MAGENTA_PAGE = b"<!doctype html><style>html,body{margin:0;height:100%;background:#f0f}</style>"
+
+
+@pytest.fixture
+def bridge_page(scripted_model):
+    """The magenta page, served on the desktops' bridge (up with the scripted model) for their agents."""
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(MAGENTA_PAGE)))
+            self.end_headers()
+            self.wfile.write(MAGENTA_PAGE)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer((SCRIPTED_MODEL_HOST, BRIDGE_PAGE_PORT), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://{SCRIPTED_MODEL_HOST}:{BRIDGE_PAGE_PORT}/"
+    server.shutdown()
+    server.server_close()
+
+
+def magenta_share(api, desktop) -> float:
+    """How much of the desktop's screen, as the API's screenshot shows it, is the magenta page."""
+    response = api.get(f"/api/desktops/{desktop.id}/screenshot")
+    assert response.status_code == 200, response.content
+    image = Image.open(io.BytesIO(response.content)).convert("RGB")
+    colours = dict((colour, count) for count, colour in image.getcolors(maxcolors=1 << 24))
+    return colours.get(MAGENTA, 0) / (image.width * image.height)
+
+
+def why_not_shown(desktop, scripted_model, turn) -> str:
+    """What the turn, the gateway's log and the model's last request say."""
+    message = ChatMessage.objects.get(id=turn["id"])
+    pattern = "browser\\|error\\|warn\\|reload\\|restart"
+    log = run(desktop, f"grep -h -i '{pattern}' /tmp/openclaw/*.log | tail -30 || true")
+    sent = scripted_model.requests[-1]["body"]["messages"] if scripted_model.requests else []
+    results = [json.dumps(m)[-1500:] for m in sent if m["role"] == "tool"]
+    return (
+        f"the page is not on the screen; the turn is {message.status}: {message.content!r}\n"
+        f"the gateway's log says:\n{log}\nthe tools answered: {results}"
+    )
+
+
+def test_the_agent_browses_and_runs_commands_on_the_screen_the_operator_watches(
+    lxc_api, admin_api, workspace, scripted_model, bridge_page, guest_endpoint
+):
+    add_key(admin_api, workspace, f"sk-scripted-{secrets.token_hex(12)}")
+    desktop = provision(lxc_api, "agent-screen", profile="full")
+    wait_for_config(desktop, containing="scripted")
+    warm = "cat ~/.cache/bureau/agent-warm 2>/dev/null || true"
+    wait_for(lambda: run(desktop, warm).strip(), "the agent was not warmed up", timeout=180)
+    assert magenta_share(lxc_api, desktop) == 0
+
+    command = "echo shown-on-the-screen"
+    scripted_model.script(
+        # OpenClaw offers its tools behind a search (Tool Search, its default): the browser is called
+        # through `tool_call`, as a model that found it in the catalogue would.
+        ToolCall("tool_call", {"id": "browser", "args": {"action": "open", "url": bridge_page}}),
+        ToolCall("exec", {"command": command}),
+        Text("Opened, and ran it."),
+    )
+    turn = chat(lxc_api, desktop, "Ouvre la page et lance la commande")
+    # The browser the agent drives is the Chromium on the desktop's screen, not a headless one: the
+    # operator's screenshot shows the page it opened, over a large part of the screen.
+    wait_for(
+        lambda: magenta_share(lxc_api, desktop) > ON_SCREEN,
+        lambda: why_not_shown(desktop, scripted_model, turn),
+        timeout=120,
+    )
+    assert answer_of(turn["id"]).content == "Opened, and ran it."
+    assert magenta_share(lxc_api, desktop) > ON_SCREEN  # the browser stays open for the operator to see
+
+    # The command, and what it printed, are in the log a terminal window on that screen follows.
+    log = run(desktop, "cat ~/.cache/bureau/agent-commands.log")
+    assert f"$ {command}\nshown-on-the-screen\n" in log
+    title = gettext("The agent's commands")
+    assert "Map State: IsViewable" in shown(desktop, title)
+    follower = run(desktop, "ps -o args= -u agent")
+    assert "tail -n 200 -F /home/agent/.cache/bureau/agent-commands.log" in follower
+
+    # The window closed and the log made unwritable: the agent's next command runs all the same, and
+    # the window opens again.
+    run(desktop, "pkill -u agent -f '^xfce4-terminal --disable-server'; true")
+    wait_for(lambda: "IsViewable" not in shown(desktop, title), "the terminal window did not close")
+    run(desktop, "cd ~/.cache/bureau && rm agent-commands.log && mkdir agent-commands.log")
+    scripted_model.script(ToolCall("exec", {"command": "echo still-runs > ~/still.txt"}), Text("Still ran."))
+    assert answer_of(chat(lxc_api, desktop, "Encore une commande")["id"]).content == "Still ran."
+    assert run(desktop, "cat ~/still.txt").strip() == "still-runs"
+    wait_for(lambda: "IsViewable" in shown(desktop, title), "the terminal window did not open again")
+
+
+def shown(desktop, title: str) -> str:
+    """What X says of the window of that title on the desktop's screen (nothing when there is none)."""
+    return run(desktop, f"DISPLAY=:0 xwininfo -name {shlex.quote(title)} 2>/dev/null || true")

@@ -332,12 +332,23 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
     # Besides the keys, only the desktop's own warm-up model, on its loopback.
     assert providers.keys() - {k.id.replace("_", "-") for k in keys} == WARMUP_PROVIDER.keys()
     assert all(p["baseUrl"].startswith("http://127.0.0.1:") for p in WARMUP_PROVIDER.values())
-    # Our approvals plugin is loaded, and OpenClaw's exec policy set explicitly rather than defaulted.
+    # Our approvals plugin is loaded (told where to show the agent's commands), and OpenClaw's exec policy
+    # set explicitly rather than defaulted.
     assert config["plugins"] == {
         "load": {"paths": ["~/.openclaw/bureau/bureau-approvals"]},
-        "entries": {"bureau-approvals": {"enabled": True}},
+        "entries": {
+            "bureau-approvals": {
+                "enabled": True,
+                "config": {"screen": {"display": ":0", "title": "The agent's commands"}},
+            }
+        },
     }
     assert config["tools"]["exec"] == {"host": "gateway", "security": "full", "ask": "off"}
+    # The browser is the image's Chromium, drawn on the desktop's screen (its display in the gateway's
+    # environment), never headless.
+    browser = config["browser"]
+    assert (browser["headless"], browser["executablePath"]) == (False, "/usr/bin/chromium")
+    assert config["env"]["vars"] == {"DISPLAY": ":0"}
 
 
 # Workspaces and members

@@ -9,8 +9,12 @@
 // session asked about. Anything but an approval (a denial, no answer in time, an error) blocks.
 // It also counts every command the agent runs and reports the count to the guest endpoint every few
 // seconds, so that the control plane can tell a burst of commands (its alerts).
+// And it shows them on the desktop's screen, the one the operator watches: each command, then what it
+// printed, appended to a log that a terminal window on that screen follows (opened again if closed).
+// None of that holds a command back, and a failure of it never fails one.
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { appendFile } from "node:fs/promises";
 import { homedir } from "node:os";
 import { isAbsolute, join } from "node:path";
 
@@ -32,6 +36,9 @@ const BUREAU_CONFIG = process.env.BUREAU_CONFIG_DIR || "/etc/bureau";
 const REPORT_EVERY = 2_000;
 // The most commands the guest endpoint takes in one report.
 const MAX_REPORT = 100_000;
+// What the terminal on the screen follows, and how much of a command's output it shows.
+const SCREEN_LOG = join(homedir(), ".cache", "bureau", "agent-commands.log");
+const MAX_SHOWN = 4_000;
 
 function readPolicy() {
   return JSON.parse(readFileSync(POLICY, "utf8"));
@@ -101,10 +108,71 @@ async function report() {
   }
 }
 
+let screen = { display: ":0", title: "Agent" };
+let terminal = null;
+// Appends one after the other, so that a command's output never lands before the command.
+let appending = Promise.resolve();
+
+// A terminal window on the desktop's screen following the log, unless one we opened still runs.
+function terminalShow() {
+  if (terminal) {
+    return;
+  }
+  try {
+    mkdirSync(join(homedir(), ".cache", "bureau"), { recursive: true });
+    // In the screen's bottom right-hand corner, small enough to leave the browser the agent drives in view.
+    const args = ["--disable-server", "--hide-menubar", "--geometry=100x14-0-0", "--title", screen.title];
+    // `tail -F` follows the log even while it does not exist yet, or once it is replaced.
+    args.push("--command", `tail -n 200 -F ${SCREEN_LOG}`);
+    terminal = spawn("xfce4-terminal", args, {
+      env: { ...process.env, DISPLAY: screen.display },
+      stdio: "ignore",
+      detached: true,
+    });
+    terminal.on("error", () => (terminal = null));
+    terminal.on("exit", () => (terminal = null));
+    terminal.unref();
+  } catch (error) {
+    terminal = null;
+    console.warn(`bureau-approvals: no terminal on the screen (${error})`);
+  }
+}
+
+function screenShow(text) {
+  terminalShow();
+  appending = appending
+    .then(() => appendFile(SCREEN_LOG, text))
+    .catch((error) => console.warn(`bureau-approvals: not shown on the screen (${error})`));
+}
+
+// The text a tool result carries (OpenClaw's results are lists of content blocks).
+function resultText(event) {
+  if (event.error) {
+    return String(event.error);
+  }
+  const content = event.result?.content;
+  const text = Array.isArray(content)
+    ? content.filter((block) => block?.type === "text").map((block) => block.text).join("\n")
+    : typeof event.result === "string"
+      ? event.result
+      : JSON.stringify(event.result ?? "");
+  return text.length > MAX_SHOWN ? `${text.slice(0, MAX_SHOWN)}\n[…]` : text;
+}
+
+function afterExec(event) {
+  try {
+    const text = resultText(event);
+    screenShow(text.endsWith("\n") || !text ? text : `${text}\n`);
+  } catch (error) {
+    console.warn(`bureau-approvals: not shown on the screen (${error})`);
+  }
+}
+
 async function beforeExec(event, ctx) {
   unreported += 1;
   reportSoon();
   const command = typeof event.params?.command === "string" ? event.params.command : "";
+  screenShow(`\n$ ${command}\n`);
   let policy;
   try {
     policy = readPolicy();
@@ -135,8 +203,10 @@ async function beforeExec(event, ctx) {
 export default {
   id: "bureau-approvals",
   name: "Le Bureau approvals",
-  description: "Commands the policy names wait for an operator's approval; every command is counted.",
+  description: "Commands the policy names wait for an operator's approval; every command is counted and shown.",
   register(api) {
+    screen = { ...screen, ...(api.pluginConfig?.screen ?? {}) };
     api.on("before_tool_call", beforeExec, { matcher: ["exec"], priority: 1000, timeoutMs: HOOK_BUDGET });
+    api.on("after_tool_call", afterExec, { matcher: ["exec"] });
   },
 };
