@@ -60,8 +60,16 @@ for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_re
     man-db.timer dpkg-db-backup.timer systemd-tmpfiles-clean.timer getty@tty1.service console-getty.service \
     systemd-networkd-wait-online.service systemd-timesyncd.service systemd-pstore.service \
     systemd-remount-fs.service sys-kernel-config.mount sys-kernel-debug.mount sys-kernel-tracing.mount \
-    dev-hugepages.mount dev-mqueue.mount; do
+    dev-hugepages.mount dev-mqueue.mount systemd-update-utmp.service systemd-update-utmp-runlevel.service \
+    systemd-sysusers.service systemd-sysctl.service systemd-modules-load.service; do
     ln -sf /dev/null "$ROOTFS/etc/systemd/system/$unit"
+done
+# Nor the generators, one process each at every boot, that look for disks, consoles, kernel options and
+# init scripts a container has none of (every service here has its own unit).
+mkdir -p "$ROOTFS/etc/systemd/system-generators"
+for generator in cryptsetup debug fstab getty gpt-auto hibernate-resume integritysetup rc-local run \
+    system-update sysv veritysetup; do
+    ln -sf /dev/null "$ROOTFS/etc/systemd/system-generators/systemd-$generator-generator"
 done
 # The driver configures eth0 (LXC sets address and route before init starts) and resolv.conf.
 rm -f "$ROOTFS/etc/resolv.conf"
