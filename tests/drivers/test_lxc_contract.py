@@ -616,7 +616,7 @@ def test_full_profile_panel_launchers_open_their_applications(desktops, client_k
     for desktop_id, recognise in PANEL_APPS.items():
         before = mapped_windows(ip, client_key)
         # As the panel does: in the agent's session, on its display, detached from this shell.
-        start = f"cd && DISPLAY=:0 setsid {launchers[desktop_id]} >/tmp/launcher.log 2>&1 </dev/null &"
+        start = f"cd; DISPLAY=:0 setsid {launchers[desktop_id]} >/tmp/launcher.log 2>&1 </dev/null &"
         assert ssh(ip, client_key, start)[0] == 0
         deadline = time.monotonic() + 120
         while True:
