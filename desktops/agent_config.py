@@ -130,7 +130,7 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
         "browser": BROWSER,
         # Into the gateway's environment, for the browser it launches (and the commands it runs) to
         # draw on the desktop's screen. OpenClaw restarts its gateway (in-process) to apply a change
-        # here: once per boot, since the image's boot configuration has none.
+        # here, so the image's boot configuration has the same (image-build/guest/agent-gateway).
         "env": {"vars": {"DISPLAY": DISPLAY}},
         "models": {"mode": "merge", "providers": {**WARMUP_PROVIDER, **providers}},
         "plugins": {

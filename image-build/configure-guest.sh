@@ -100,7 +100,7 @@ After=network.target
 
 [Service]
 User=agent
-Environment=HOME=/home/agent USER=agent NODE_ENV=production
+Environment=HOME=/home/agent USER=agent NODE_ENV=production DISPLAY=:0
 WorkingDirectory=/home/agent
 ExecStart=/usr/local/lib/bureau/agent-gateway
 Restart=always
