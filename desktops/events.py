@@ -11,6 +11,7 @@ import asyncio
 import json
 from dataclasses import asdict, dataclass
 
+import django_grip  # noqa: F401 (django_eventstream imports it at its first event: here, before a worker forks)
 import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer

@@ -7,6 +7,7 @@ from ``desktops.queue``.
 import paramiko
 from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_init
 from django.conf import settings
 from django.db import OperationalError
 from django.utils.translation import gettext as _
@@ -39,6 +40,13 @@ from desktops.queue import (
     WEBHOOK_DELIVER,
     WORKSPACE_AGENT_CONFIGURE,
 )
+
+
+@worker_init.connect
+def _preload(**_kwargs):
+    # In the worker's main process, so that its forked processes start with it.
+    engines.engines_preload()
+
 
 # Seconds a step may take before it is failed; provisioning includes the first boot.
 TIME_LIMITS = {"provision": 900, "start": 300, "stop": 300, "suspend": 120, "resume": 120, "destroy": 300}
