@@ -174,19 +174,39 @@ def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, widt
         context.close()
 
 
-def test_a_new_api_key_is_copied_in_one_click(browser, site, workspace, plan):
+@pytest.mark.parametrize(
+    ("form_path", "fill", "shown", "looks_right"),
+    [
+        (
+            "keys/new/",
+            lambda form: form.locator("input[name=name]").fill("ci"),
+            "new-token",
+            lambda v: v.startswith("lb_"),
+        ),
+        (
+            "settings/approvals/",
+            lambda form: form.locator("input[name=rotate_secret]").check(),
+            "new-webhook-secret",
+            lambda v: len(v) > 20,
+        ),
+    ],
+    ids=["api-key", "webhook-secret"],
+)
+def test_a_secret_shown_once_is_copied_in_one_click(
+    browser, site, workspace, plan, form_path, fill, shown, looks_right
+):
     admin = MembershipFactory(workspace=workspace, role=Role.ADMIN)
     context = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
     page = context.new_page()
     try:
         log_in(page, site, admin.user.email)
         page.goto(f"{site}/w/{workspace.id}/settings/")
-        form = page.locator(f"form[action='/w/{workspace.id}/keys/new/']")
-        form.locator("input[name=name]").fill("ci")
+        form = page.locator(f"form[action='/w/{workspace.id}/{form_path}']")
+        fill(form)
         form.locator("button").click()
-        token = page.locator("#new-token").inner_text().strip()
-        page.click("[data-copy=new-token]")
-        expect(page.locator("[data-copy=new-token]")).to_have_text("Copied")
-        assert page.evaluate("navigator.clipboard.readText()") == token and token.startswith("lb_")
+        secret = page.locator(f"#{shown}").inner_text().strip()
+        page.click(f"[data-copy={shown}]")
+        expect(page.locator(f"[data-copy={shown}]")).to_have_text("Copied")
+        assert page.evaluate("navigator.clipboard.readText()") == secret and looks_right(secret)
     finally:
         context.close()
