@@ -98,6 +98,7 @@ def test_network_policy_renders_the_vm_firewall(sim, pve):
     assert rules == [
         ("in", "ACCEPT", "22", "+lb-control"),
         ("in", "ACCEPT", "5900", "+lb-control"),
+        ("out", "DROP", "", "+lb-control"),
         ("out", "DROP", "", "+lb-private"),
         ("out", "ACCEPT", "", "+lb-allowed"),
     ]
@@ -106,10 +107,24 @@ def test_network_policy_renders_the_vm_firewall(sim, pve):
     pve.apply_network_policy(spec.key, NetworkPolicy())
     assert vm.fw_options["policy_out"] == "ACCEPT"
     assert vm.ipsets["lb-allowed"] == []
-    assert [r["action"] for r in vm.fw_rules] == ["ACCEPT", "ACCEPT", "DROP"]
+    assert [r["action"] for r in vm.fw_rules] == ["ACCEPT", "ACCEPT", "DROP", "DROP"]
     writes = len(sim.requests)
     pve.apply_network_policy(spec.key, NetworkPolicy())
     assert not [r for r in sim.requests[writes:] if r[0] in ("POST", "DELETE")], "an unchanged policy rewrote"
+
+
+def test_a_desktop_reaches_the_guest_endpoint_and_nothing_else_of_the_control_plane(sim):
+    """The attack: an open policy, a control plane on a public address, and a desktop trying its pages."""
+    pve = driver_for(sim, control_cidrs=("198.51.100.10",), control_tcp_ports=(8001,))
+    spec = make_spec()
+    vm = sim.vms[int(pve.provision(spec).ref)]
+    pve.apply_network_policy(spec.key, NetworkPolicy(allow_internet=True))
+    out = [(r["action"], r.get("dport", ""), r.get("dest", "")) for r in vm.fw_rules if r["type"] == "out"]
+    # PVE takes the first rule that matches: the guest endpoint's port, then nothing else of the
+    # control plane, before the open policy lets the rest of the internet through.
+    assert out[:2] == [("ACCEPT", "8001", "+lb-control"), ("DROP", "", "+lb-control")]
+    assert vm.ipsets["lb-control"] == [{"cidr": "198.51.100.10/32"}]
+    assert vm.fw_options["policy_out"] == "ACCEPT"
 
 
 def test_the_guest_never_chooses_the_address_the_relays_dial(sim, pve):

@@ -1,8 +1,9 @@
 """The PVE firewall of one desktop VM: options, IP sets and rules rendered from a network policy.
 
-Inbound: only the control plane, on SSH and VNC. Outbound: the control plane's callback ports, the
-policy's allowed CIDRs and the addresses its allowed domains resolve to, never the private ranges
-(other desktops, internal networks), and the internet only when the policy allows it.
+Inbound: only the control plane, on SSH and VNC. Outbound: the control plane's callback ports (the
+guest endpoint; none of its other ports, whatever the policy), the policy's allowed CIDRs and the
+addresses its allowed domains resolve to, never the private ranges (other desktops, internal
+networks), and the internet only when the policy allows it.
 ``ipfilter``/``macfilter`` stop a guest from spoofing.
 
 The allowed domains are kept in the comment of their IP set, so the periodic refresh finds them on
@@ -62,6 +63,9 @@ def firewall_plan(
     ]
     if control_tcp_ports:
         rules.append(_rule("out", "ACCEPT", ",".join(map(str, control_tcp_ports)), dest=f"+{CONTROL}"))
+    # Nothing else of the control plane, in every policy and even where its address is public: its
+    # pages, API and admin stay out of a desktop's reach.
+    rules.append(_rule("out", "DROP", dest=f"+{CONTROL}"))
     # Denied before anything is allowed: no allowed CIDR or domain opens a private network.
     rules.append(_rule("out", "DROP", dest=f"+{PRIVATE}"))
     if allowed:
