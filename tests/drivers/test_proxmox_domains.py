@@ -55,7 +55,7 @@ def test_a_domain_is_allowed_by_its_addresses_from_the_system_resolver(sim):
     _, vm = provisioned(sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("LocalHost.",)))
     assert vm.ipsets["lb-domains"] == [{"cidr": "127.0.0.1/32"}]
     assert vm.ipset_comments["lb-domains"] == "lebureau domains: localhost"
-    assert rules_out(vm) == [("DROP", "+lb-private"), ("ACCEPT", "+lb-domains")]
+    assert rules_out(vm) == [("DROP", "+lb-control"), ("DROP", "+lb-private"), ("ACCEPT", "+lb-domains")]
     assert vm.fw_options["policy_out"] == "DROP"
 
 
