@@ -195,13 +195,17 @@ if [ -z "$KERNEL" ] || [ ! -f "$MNT/boot/initrd.img-${KERNEL#vmlinuz-}" ]; then 
 
 step "guest configuration: configure-guest.sh $PROFILE, then the VM's own"
 "$HERE/configure-guest.sh" "$MNT" "$PROFILE"
-# Undo the container-only masks that a VM needs: root remount, consoles, kernel mounts, trim.
+# Undo the container-only masks that a VM needs: root remount, consoles, kernel mounts and modules,
+# sysctl, trim, and the generators (fstab, serial console, disks).
 for unit in systemd-remount-fs.service systemd-networkd-wait-online.service getty@tty1.service \
     fstrim.timer systemd-pstore.service sys-kernel-config.mount sys-kernel-debug.mount \
-    sys-kernel-tracing.mount dev-hugepages.mount dev-mqueue.mount; do
+    sys-kernel-tracing.mount dev-hugepages.mount dev-mqueue.mount systemd-update-utmp.service \
+    systemd-update-utmp-runlevel.service systemd-sysusers.service systemd-sysctl.service \
+    systemd-modules-load.service; do
     f="$MNT/etc/systemd/system/$unit"
     if [ "$(readlink "$f" 2>/dev/null)" = /dev/null ]; then rm -f "$f"; fi
 done
+rm -rf "$MNT/etc/systemd/system-generators"
 install -D -m 644 "$HERE/guest-vm/cloud-init.cfg" "$MNT/etc/cloud/cloud.cfg.d/90-bureau.cfg"
 install -D -m 644 "$HERE/guest-vm/90-bureau-dhcp.network" "$MNT/etc/systemd/network/90-bureau-dhcp.network"
 install -D -m 644 "$HERE/guest-vm/wait-online.conf" \

@@ -93,7 +93,8 @@ def test_destroying_asks_for_the_names_and_revoking_names_the_key(page, site, wo
     confirm.click()
     expect(page.locator(".messages")).to_contain_text("alpha: destroy requested")
     expect(page.locator(".messages")).to_contain_text("gamma: destroy requested")
-    states = {d.name: d.state for d in workspace.desktops.all()}
+    # Destroying, or already destroyed where a worker of the suite runs meanwhile.
+    states = {d.name: d.state.replace("destroyed", "destroying") for d in workspace.desktops.all()}
     assert states == {"alpha": "destroying", "beta": "stopped", "gamma": "destroying"}
     screenshot(page, f"destroy-02-requested-{width}")
 
@@ -107,7 +108,7 @@ def test_destroying_asks_for_the_names_and_revoking_names_the_key(page, site, wo
     screenshot(page, f"destroy-03-viewer-{width}")
     confirm.click()
     page.wait_for_url(f"{site}/w/{workspace.id}/desktops/")
-    assert workspace.desktops.get(name="beta").state == "destroying"
+    assert workspace.desktops.get(name="beta").state in ("destroying", "destroyed")
 
     questions = []
 
