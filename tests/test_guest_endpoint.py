@@ -170,7 +170,9 @@ OPENCLAW = """
 const plugin = (await import(process.argv[1])).default;
 let hook;
 plugin.register({
-  on: (name, handler, options) => { if (name === "before_tool_call" && options.matcher.includes("exec")) hook = handler; },
+  on: (name, handler, options) => {
+    if (name === "before_tool_call" && options.matcher.includes("exec")) hook = handler;
+  },
 });
 for (let i = 0; i < Number(process.argv[2]); i++) {
   if ((await hook({ params: { command: `echo ${i}` } }, { sessionKey: "agent:main:x" })) !== undefined) {
