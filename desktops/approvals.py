@@ -316,6 +316,12 @@ def approval_list(
     )
 
 
+def approvals_waiting_count(*, workspace_id: str) -> int:
+    """The workspace's requests still waiting for an answer, for its pages' menu."""
+    waiting = Approval.objects.filter(desktop__workspace_id=workspace_id, status=Status.PENDING)
+    return waiting.filter(expires_at__gt=timezone.now()).count()
+
+
 def approvals_waiting_by_desktop(*, desktop_ids: list[str]) -> dict[str, int]:
     """How many requests wait for an answer, by desktop (those with none are left out)."""
     waiting = Approval.objects.filter(

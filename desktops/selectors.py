@@ -68,14 +68,16 @@ def workspace_get(*, actor: Actor, workspace_id: str, minimum: Role = Role.VIEWE
         raise NotFound(f"Workspace {workspace_id} not found.")
     if role.rank < minimum.rank:
         raise Forbidden(f"This needs the {minimum} role in the workspace; you are {role}.")
-    return Workspace.objects.get(id=workspace_id)
+    workspace = Workspace.objects.get(id=workspace_id)
+    workspace.role = role  # the actor's, found on the way: callers need not ask again
+    return workspace
 
 
 def workspace_for_control(*, actor: Actor, workspace_id: str) -> Workspace:
     """The workspace, if the actor may take control of its desktops (screen, terminal, agent), which
     gives them what the desktops hold, the workspace's LLM keys included."""
     workspace = workspace_get(actor=actor, workspace_id=workspace_id)
-    role, needed = role_in(actor=actor, workspace_id=workspace_id), Role(workspace.control_role)
+    role, needed = workspace.role, Role(workspace.control_role)
     if role.rank < needed.rank:
         raise Forbidden(
             _("Taking control of this workspace's desktops needs the %(role)s role; you are %(yours)s.")
@@ -212,7 +214,8 @@ def desktop_list(
     name: str | None = None,
 ) -> QuerySet[Desktop]:
     desktops = Desktop.objects.filter(workspace__in=workspaces_visible(actor=actor))
-    desktops = desktops.select_related("plan").prefetch_related("labels")
+    # The plan's price too: the API shows it on every desktop.
+    desktops = desktops.select_related("plan__price").prefetch_related("labels")
     if workspace_id:
         desktops = desktops.filter(workspace_id=workspace_id)
     for label in labels or ():  # every one of them

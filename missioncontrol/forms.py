@@ -57,7 +57,7 @@ class NewComputerForm(PageForm):
         label=_lazy("Name"),
         help_text=_lazy("Lowercase letters, digits and hyphens; its hostname."),
     )
-    plan = PlanChoice(queryset=plan_list(), empty_label=None, label=_lazy("Plan"))
+    plan = PlanChoice(queryset=plan_list().select_related("price"), empty_label=None, label=_lazy("Plan"))
     image_profile = forms.ChoiceField(
         label=_lazy("Image profile"),
         choices=[

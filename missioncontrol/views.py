@@ -60,7 +60,7 @@ from missioncontrol.exports import safe_cell
 from missioncontrol.streams import watched
 
 LIVE_STATES = {DesktopState.RUNNING}
-PAGE_SIZE = 100
+PAGE_SIZE = 50
 
 
 def workspace_page(minimum: Role = Role.VIEWER):
@@ -77,9 +77,9 @@ def workspace_page(minimum: Role = Role.VIEWER):
                 raise Http404(exc.message) from exc
             except Forbidden as exc:
                 raise PermissionDenied(exc.message) from exc
-            request.session["workspace"] = workspace.id
-            request.actor, request.workspace = actor, workspace
-            request.role = selectors.role_in(actor=actor, workspace_id=workspace.id)
+            if request.session.get("workspace") != workspace.id:  # else a session write on every page
+                request.session["workspace"] = workspace.id
+            request.actor, request.workspace, request.role = actor, workspace, workspace.role
             return view(request, *args, **kwargs)
 
         return wrapper
@@ -97,9 +97,7 @@ def page(request, template: str, **context):
             "role": request.role,
             "can_act": request.role.rank >= Role.MEMBER.rank,
             "can_manage": request.role.rank >= Role.ADMIN.rank,
-            "approvals_waiting": approvals.approval_list(
-                actor=request.actor, workspace_id=request.workspace.id, status=approvals.Status.PENDING
-            ).count(),
+            "approvals_waiting": approvals.approvals_waiting_count(workspace_id=request.workspace.id),
             "alerts_open": alerts.alerts_open_count(workspace_id=request.workspace.id),
             "invitations_waiting": selectors.invitations_for(user=request.user).count(),
             **context,
