@@ -319,7 +319,8 @@ def queries_for(client, url: str) -> int:
 
 
 def labelled_fleet(workspace, plan, count: int) -> None:
-    for desktop in DesktopFactory.create_batch(count, workspace=workspace, plan=plan, state=DesktopState.RUNNING):
+    running = DesktopFactory.create_batch(count, workspace=workspace, plan=plan, state=DesktopState.RUNNING)
+    for desktop in running:
         desktop.labels.create(name="ci")
 
 
