@@ -311,7 +311,6 @@ def test_the_desktops_page_shows_which_desktops_wait_for_an_approval(client, mem
     assert page.count("approvals waiting") == 1 and "2 approvals waiting" in page
 
 
-
 def queries_for(client, url: str) -> int:
     with CaptureQueriesContext(connection) as captured:
         assert client.get(url).status_code == 200
