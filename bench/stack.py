@@ -42,6 +42,8 @@ BENCH_LXC = {
     "LXC_SUBNET": "10.217.0.0/24",
     "LXC_NFT_TABLE": "lebureau_bench_api",
     "LXC_VETH_PREFIX": "lbp",
+    # No desktop booted ahead of demand unless a bench asks for it: creates are timed from nothing.
+    "LXC_WARM_POOL": "",
 }
 BROKER = "redis://127.0.0.1:6379/13"
 
@@ -109,10 +111,15 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
         subprocess.run(["ip", "link", "del", BENCH_LXC["LXC_BRIDGE"]], capture_output=True)
 
 
+def bench_engine() -> LxcDriver:
+    """The bench's LXC engine as its worker sees it (its warm pool aside)."""
+    with patched_environ({name: v for name, v in BENCH_LXC.items() if name.startswith("LXC_")}):
+        return LxcDriver(LxcConfig.from_env())
+
+
 def clear_leftovers() -> None:
     """Desktops left on the bench's engine (by an interrupted run, or this one) would skew the figures."""
-    with patched_environ({name: v for name, v in BENCH_LXC.items() if name.startswith("LXC_")}):
-        driver = LxcDriver(LxcConfig.from_env())
+    driver = bench_engine()
     for key in {i.key for i in driver.list_instances()} | {
         p.parent.name for p in driver.config.state_dir.glob("*/meta.json")
     }:

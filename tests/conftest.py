@@ -47,6 +47,8 @@ LXC_TEST_SETTINGS = {
     "LXC_VETH_PREFIX": "lba",
     # The desktops' resolvers ask the suite's stand-in for the internet (the `internet` fixture).
     "LXC_UPSTREAM_DNS": UPSTREAM,
+    # Every test desktop is booted for its test (the pool has tests of its own).
+    "LXC_WARM_POOL": "",
 }
 
 SCRIPTED_MODEL_HOST = lxc_net.gateway_of(LXC_TEST_SETTINGS["LXC_SUBNET"])

@@ -191,6 +191,35 @@ class ControlPlane:
         return control_plane_public_key(self.ssh_key_path)
 
 
+@dataclass(frozen=True)
+class PoolShape:
+    """One flavour of an engine's warm pool, i.e. one plan's needs and an image: ``size`` members
+    (on every node, for an engine of several)."""
+
+    profile: str
+    vcpus: int
+    memory_mib: int
+    disk_gib: int
+    size: int
+
+    @property
+    def tag(self) -> str:
+        return f"lbp-{self.profile}-{self.vcpus}c-{self.memory_mib}m-{self.disk_gib}g"
+
+    def fits(self, spec: InstanceSpec) -> bool:
+        wanted = (spec.image_profile, spec.vcpus, spec.memory_mib, spec.disk_gib)
+        return self.size > 0 and wanted == (self.profile, self.vcpus, self.memory_mib, self.disk_gib)
+
+    @classmethod
+    def parse(cls, text: str) -> PoolShape:
+        """``profile:vcpus:memory_mib:disk_gib=size``, e.g. ``full:2:4096:20=2``."""
+        match = re.fullmatch(r"([a-z0-9_-]+):(\d+):(\d+):(\d+)=(\d+)", text.strip())
+        if not match:
+            raise ValueError(f"warm pool entry {text!r}: expected profile:vcpus:memory_mib:disk_gib=size")
+        profile, *numbers = match.groups()
+        return cls(profile, *map(int, numbers))
+
+
 class ComputeDriver(abc.ABC):
     name: str = ""
 

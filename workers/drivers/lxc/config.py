@@ -10,10 +10,14 @@ from pathlib import Path
 
 from environs import Env
 
+from workers.drivers.base import PoolShape
 from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX
 
 # The control plane's guest endpoint port, the one port of the host desktops need by default.
 GUEST_PORT = 8001
+# One desktop of the smallest plan on the full image booted ahead of demand: a create takes it, and
+# its agent has started and warmed up by then (about twenty seconds of CPU on two cores).
+DEFAULT_WARM_POOL = ("full:1:2048:10=1",)
 
 
 def host_nameservers() -> tuple[str, ...]:
@@ -62,6 +66,8 @@ class LxcConfig:
     # Each desktop's claim on a contended CPU, beside a host process's 100 (cgroup v2's cpu.weight):
     # ten busy desktops would otherwise leave the control plane on the same host a sliver of it.
     cpu_weight: int = 25
+    # Desktops booted ahead of demand, each shape refilled by the engine's periodic work.
+    warm_pool: tuple[PoolShape, ...] = ()
 
     def __post_init__(self):
         if not re.fullmatch(r"[a-z][a-z0-9]{1,4}", self.veth_prefix):
@@ -87,4 +93,5 @@ class LxcConfig:
             upstream_dns=tuple(env.list("LXC_UPSTREAM_DNS", list(host_nameservers()))),
             resolver_port_base=env.int("LXC_RESOLVER_PORT_BASE", defaults["resolver_port_base"].default),
             cpu_weight=env.int("LXC_CPU_WEIGHT", defaults["cpu_weight"].default),
+            warm_pool=tuple(PoolShape.parse(e) for e in env.list("LXC_WARM_POOL", list(DEFAULT_WARM_POOL))),
         )

@@ -15,23 +15,34 @@ AGENT_HOME = "/home/agent"
 
 
 def seed(root: Path, spec: InstanceSpec, *, nameserver: str, id_base: int) -> None:
-    """Identity (hostname, machine id, SSH host key), the control plane's key, and ``spec.files``."""
-    hostname = guest_hostname(spec.hostname)
+    """Machine id, SSH host key and resolver, then what ``assign`` writes."""
     with tempfile.TemporaryDirectory() as tmp:
         keyfile = os.path.join(tmp, "key")
+        comment = f"root@{guest_hostname(spec.hostname)}"
         run_checked(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{hostname}", "-f", keyfile],
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", keyfile],
             "could not generate the desktop's SSH host key",
         )
         host_key, host_key_pub = Path(keyfile).read_text(), Path(keyfile + ".pub").read_text()
     files: list[tuple[str, str | bytes, int, int]] = [
-        ("/etc/hostname", f"{hostname}\n", 0o644, 0),
-        ("/etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost\n", 0o644, 0),
         # The desktop's resolver; DNS sent anywhere else gets its answers too.
         ("/etc/resolv.conf", f"nameserver {nameserver}\n", 0o644, 0),
         ("/etc/machine-id", secrets.token_hex(16) + "\n", 0o444, 0),
         ("/etc/ssh/ssh_host_ed25519_key", host_key, 0o600, 0),
         ("/etc/ssh/ssh_host_ed25519_key.pub", host_key_pub, 0o644, 0),
+    ]
+    for path, content, mode, owner in files:
+        put(root, path, content, mode, id_base + owner)
+    assign(root, spec, id_base=id_base)
+
+
+def assign(root: Path, spec: InstanceSpec, *, id_base: int) -> None:
+    """What makes the guest this desktop: its name and key, the control plane's key, ``spec.files``.
+    Written again over those of a warm pool desktop when a create takes it."""
+    hostname = guest_hostname(spec.hostname)
+    files: list[tuple[str, str | bytes, int, int]] = [
+        ("/etc/hostname", f"{hostname}\n", 0o644, 0),
+        ("/etc/hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\t{hostname}\n::1\tlocalhost\n", 0o644, 0),
         ("/root/.ssh/authorized_keys", spec.ssh_public_key.strip() + "\n", 0o600, 0),
         (f"{AGENT_HOME}/.ssh/authorized_keys", spec.ssh_public_key.strip() + "\n", 0o600, AGENT_UID),
         ("/etc/bureau/desktop_id", f"{spec.key}\n", 0o644, 0),

@@ -3,6 +3,10 @@
 ``<state_dir>/<key>/meta.json`` holds what the driver knows of a desktop: its address, image build,
 interface names and egress policy. It is the engine's only record, so its address leases are the
 addresses the ``meta.json`` files hold: nothing else can drift from them.
+
+A desktop taken from the warm pool keeps the container it was booted as (a running container cannot
+be renamed): ``<state_dir>/<key>`` is then a link to that container's directory, whose record names
+the desktop's key and the ``container``.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -41,11 +46,34 @@ class DesktopStore:
             directory.mkdir(parents=True, exist_ok=True)
 
     def dir(self, key: str) -> Path:
-        return self.state_dir / key
+        path = self.state_dir / key
+        # The real path: mounts are listed under it.
+        return path.resolve() if path.is_symlink() else path
+
+    def container(self, key: str) -> str:
+        """The name of the desktop's container: its key, unless it came from the warm pool."""
+        return (self.read(key) or {}).get("container", key)
+
+    def alias(self, key: str, container: str) -> None:
+        """Make ``key`` name the desktop that runs as ``container``."""
+        link = self.state_dir / key
+        tmp = self.state_dir / f".{key}.link"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(container)
+        tmp.replace(link)
+
+    def forget(self, key: str) -> None:
+        """Remove the desktop's record, and its key's link if it had one."""
+        path = self.state_dir / key
+        real = self.dir(key)
+        if path.is_symlink():
+            path.unlink()
+        if real.exists():
+            shutil.rmtree(real)
 
     def config_path(self, key: str) -> Path:
         """The container's LXC configuration: its presence is the container's existence."""
-        return self.lxc_path / key / "config"
+        return self.lxc_path / self.container(key) / "config"
 
     def read(self, key: str) -> dict | None:
         try:
@@ -62,7 +90,10 @@ class DesktopStore:
 
     def all(self) -> list[dict]:
         metas = []
+        # Each once: under its container's directory, not again under a pool desktop's link.
         for path in self.state_dir.glob("*/meta.json"):
+            if path.parent.is_symlink():
+                continue
             # A desktop being destroyed at the same moment is simply not counted.
             with contextlib.suppress(OSError, ValueError):
                 metas.append(json.loads(path.read_text()))
@@ -91,8 +122,13 @@ class DesktopStore:
         (self.lock_dir / NETWORK_SYNCED).write_text(f"{BOOT_ID} {began!r}")
 
     @contextlib.contextmanager
-    def locked(self, name: str):
-        """An exclusive lock across processes: per desktop key, or NETWORK_LOCK for the host's network."""
+    def locked(self, name: str, wait: bool = True):
+        """An exclusive lock across processes: per desktop key, or NETWORK_LOCK for the host's network.
+        Without ``wait``, yields False at once if another holds it."""
         with open(self.lock_dir / f"{name}.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True

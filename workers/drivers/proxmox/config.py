@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 
 from environs import Env
 
-from workers.drivers.base import DriverError, InstanceSpec
+from workers.drivers.base import DriverError, PoolShape
 
 # Never reachable from a desktop: private networks, link-local (a cloud's metadata service among them),
 # and their IPv6 counterparts.
@@ -21,34 +20,6 @@ DEFAULT_PRIVATE_CIDRS = (
     "fc00::/7",
     "fe80::/10",
 )
-
-
-@dataclass(frozen=True)
-class PoolShape:
-    """One flavour of the pool, i.e. one plan's needs; ``size`` members on every node."""
-
-    profile: str
-    vcpus: int
-    memory_mib: int
-    disk_gib: int
-    size: int
-
-    @property
-    def tag(self) -> str:
-        return f"lbp-{self.profile}-{self.vcpus}c-{self.memory_mib}m-{self.disk_gib}g"
-
-    def fits(self, spec: InstanceSpec) -> bool:
-        wanted = (spec.image_profile, spec.vcpus, spec.memory_mib, spec.disk_gib)
-        return self.size > 0 and wanted == (self.profile, self.vcpus, self.memory_mib, self.disk_gib)
-
-    @classmethod
-    def parse(cls, text: str) -> PoolShape:
-        """``profile:vcpus:memory_mib:disk_gib=size``, e.g. ``full:2:4096:20=2``."""
-        match = re.fullmatch(r"([a-z0-9_-]+):(\d+):(\d+):(\d+)=(\d+)", text.strip())
-        if not match:
-            raise ValueError(f"warm pool entry {text!r}: expected profile:vcpus:memory_mib:disk_gib=size")
-        profile, *numbers = match.groups()
-        return cls(profile, *map(int, numbers))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ from urllib.parse import unquote
 
 from proxmoxer import ResourceException
 
-from workers.drivers.base import DriverError, InstanceSpec, NetworkPolicy
+from workers.drivers.base import DriverError, InstanceSpec, NetworkPolicy, PoolShape
 from workers.drivers.proxmox.api import PveVm
-from workers.drivers.proxmox.config import PoolShape
 from workers.drivers.proxmox.machines import Machines
 
 logger = logging.getLogger(__name__)
