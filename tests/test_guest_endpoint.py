@@ -344,3 +344,60 @@ def test_a_bad_batch_from_the_agent_is_a_400_and_nothing_of_it_is_done(screen_gu
     time.sleep(0.2)
     assert ImageChops.difference(before, drawn(screen_guest, token)).getbbox() is None
     assert not AuditEvent.objects.filter(action="desktop.screen.actions").exists()
+
+
+SCREEN_PLUGIN = ROOT / "desktops" / "agent_plugins" / "bureau-screen" / "index.mjs"
+# OpenClaw's side of the screen plugin, as far as the plugin sees it: it registers its tools, which the
+# agent then calls (here: a look, then a batch with a screenshot after); their results are printed.
+SCREEN_TOOLS = """
+const plugin = (await import(process.argv[1])).default;
+const tools = {};
+plugin.register({ registerTool: (tool) => (tools[tool.name] = tool) });
+const brief = (result) => result.content.map((b) => (b.type === "image" ? { ...b, data: b.data.length } : b));
+const look = await tools.screen_look.execute("call_1", { width: 320 });
+const act = await tools.screen_act.execute("call_2", {
+  actions: [{ type: "move", x: 100, y: 40 }, { type: "key", keys: "ctrl+u" }],
+  screenshot: true,
+});
+let refused = null;
+try {
+  await tools.screen_act.execute("call_3", { actions: [{ type: "click", x: 5000, y: 1 }] });
+} catch (error) {
+  refused = error.message;
+}
+console.log(JSON.stringify({
+  names: Object.keys(tools),
+  modes: Object.values(tools).map((tool) => tool.catalogMode),
+  look: brief(look),
+  act: brief(act),
+  refused,
+}));
+"""
+
+
+def test_openclaws_screen_tools_answer_with_the_image_and_its_scale(screen_guest, screen_desktop, tmp_path):
+    _, token = screen_desktop
+    config = tmp_path / "bureau"
+    config.mkdir()
+    (config / "guest_url").write_text(screen_guest + "\n")
+    (config / "token").write_text(token + "\n")
+    env = {**os.environ, "BUREAU_CONFIG_DIR": str(config)}
+    node = subprocess.run(
+        ["node", "--input-type=module", "-e", SCREEN_TOOLS, SCREEN_PLUGIN.as_uri()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert node.returncode == 0, node.stderr
+    out = json.loads(node.stdout)
+    # Offered to the model directly, not behind Tool Search (whose `tool_call` answers text only).
+    assert out["names"] == ["screen_look", "screen_act"] and out["modes"] == ["direct-only"] * 2
+    text, image = out["look"]
+    assert text["type"] == "text" and "320x200 of the 640x400 screen, scale 0.5" in text["text"]
+    assert image["type"] == "image" and image["mimeType"] == "image/png" and image["data"] > 100
+    assert out["act"][0] == {"type": "text", "text": "Done: 2 action(s)."}
+    assert [block["type"] for block in out["act"][1:]] == ["text", "image"]
+    assert "640x400 of the 640x400 screen, scale 1" in out["act"][1]["text"]
+    # The control plane's own words reach the agent.
+    assert out["refused"] == "Action 0: the point 5000,1 is outside the 640x400 screen."
