@@ -38,16 +38,19 @@ WARMUP_PROVIDER = {
 # Relative to the agent's home, where SFTP sessions start.
 CONFIG_DIR = ".openclaw"
 CONFIG_FILE = "openclaw.json"
-# Our OpenClaw plugin, which holds the commands the workspace's policy names until an operator approves
-# them, and that policy. A plugin directory with a manifest, not a lone file: the gateway loads only
-# those at its start (the manifest's `activation.onStartup`).
+# Our OpenClaw plugins: one holds the commands the workspace's policy names until an operator approves
+# them (and reads that policy, beside it), the other gives the agent its screen as tools. Plugin
+# directories with a manifest, not lone files: the gateway loads only those at its start (the
+# manifest's `activation.onStartup`).
 PLUGIN_DIR = posixpath.join(CONFIG_DIR, "bureau")
 APPROVALS_PLUGIN_ID = "bureau-approvals"
-APPROVALS_PLUGIN = posixpath.join(PLUGIN_DIR, APPROVALS_PLUGIN_ID)
+SCREEN_PLUGIN_ID = "bureau-screen"
+PLUGIN_IDS = (APPROVALS_PLUGIN_ID, SCREEN_PLUGIN_ID)
 APPROVALS_POLICY = posixpath.join(PLUGIN_DIR, "approvals.json")
-APPROVALS_PLUGIN_FILES = {
-    posixpath.join(APPROVALS_PLUGIN, source.name): source.read_bytes()
-    for source in sorted((Path(__file__).parent / "agent_plugins" / APPROVALS_PLUGIN_ID).iterdir())
+PLUGIN_FILES = {
+    posixpath.join(PLUGIN_DIR, plugin, source.name): source.read_bytes()
+    for plugin in PLUGIN_IDS
+    for source in sorted((Path(__file__).parent / "agent_plugins" / plugin).iterdir())
 }
 # The desktop's own screen (Xvnc on :0, image-build/guest/vnc-session), the one the operator watches.
 DISPLAY = ":0"
@@ -78,6 +81,10 @@ PROVIDERS = {
 }
 
 
+# What the agent's models take in. OpenClaw takes a model it does not know for text-only, and then
+# leaves out of its requests the images tools answer: the screen plugin's screenshots among them.
+MODEL_INPUT = ["text", "image"]
+
 # OpenClaw asks an OpenAI-style server it does not know for token counts only when told it can
 # give them; without them a turn's usage would read zero.
 COMPAT = {"openai-completions": {"compat": {"supportsUsageInStreaming": True}}}
@@ -102,7 +109,7 @@ def approvals_policy(workspace: Workspace) -> dict:
 
 def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
     """OpenClaw's `openclaw.json` for one desktop: the warm gateway, one provider per key (newest first),
-    and our approvals plugin."""
+    and our plugins."""
     providers, models = {}, []
     for key in keys:
         base_url, api, fallback_model = PROVIDERS[key.provider]
@@ -111,7 +118,7 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
             "baseUrl": key.base_url or base_url,
             "apiKey": crypto.secret_decrypt(key.secret_encrypted),
             "api": api,
-            "models": [{"id": model, "name": model, **COMPAT.get(api, {})}],
+            "models": [{"id": model, "name": model, "input": MODEL_INPUT, **COMPAT.get(api, {})}],
         }
         models.append(f"{provider}/{model}")
     config = {
@@ -134,13 +141,14 @@ def openclaw_config(*, desktop_id: str, keys: list[LLMKey]) -> dict:
         "env": {"vars": {"DISPLAY": DISPLAY}},
         "models": {"mode": "merge", "providers": {**WARMUP_PROVIDER, **providers}},
         "plugins": {
-            "load": {"paths": [f"~/{APPROVALS_PLUGIN}"]},
+            "load": {"paths": [f"~/{posixpath.join(PLUGIN_DIR, plugin)}" for plugin in PLUGIN_IDS]},
             "entries": {
                 APPROVALS_PLUGIN_ID: {
                     "enabled": True,
                     # The title of the terminal window where the plugin shows the agent's commands.
                     "config": {"screen": {"display": DISPLAY, "title": _("The agent's commands")}},
-                }
+                },
+                SCREEN_PLUGIN_ID: {"enabled": True},
             },
         },
     }
@@ -171,7 +179,7 @@ def desktop_agent_configure(*, desktop_id: str) -> bool:
         _write_files(
             desktop,
             {
-                **APPROVALS_PLUGIN_FILES,
+                **PLUGIN_FILES,
                 APPROVALS_POLICY: json.dumps(approvals_policy(workspace), indent=2).encode(),
                 posixpath.join(CONFIG_DIR, CONFIG_FILE): json.dumps(
                     openclaw_config(desktop_id=desktop.id, keys=keys), indent=2
@@ -252,7 +260,7 @@ def llm_key_check(*, key_id: str) -> str | None:
 def _write_files(desktop: Desktop, files: dict[str, bytes]) -> None:
     """Write these files (paths relative to the agent's home), in order, each readable by the agent alone."""
     with desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip) as ssh, ssh.open_sftp() as sftp:
-        for directory in (CONFIG_DIR, PLUGIN_DIR, APPROVALS_PLUGIN):
+        for directory in (CONFIG_DIR, PLUGIN_DIR, *(posixpath.join(PLUGIN_DIR, p) for p in PLUGIN_IDS)):
             parent, name = posixpath.split(directory)
             if name not in sftp.listdir(parent or "."):
                 sftp.mkdir(directory, mode=0o700)

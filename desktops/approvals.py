@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from desktops.audit import SYSTEM, Actor, audit_record
+from desktops.audit import SYSTEM, Actor, audit_record, desktop_actor
 from desktops.crypto import api_token_hash
 from desktops.errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from desktops.events import ApprovalChanged, publish_approval_change
@@ -107,10 +107,6 @@ def desktop_by_token(token: str) -> Desktop | None:
         return None
     live = Desktop.objects.exclude(state__in=(DesktopState.DESTROYING, DesktopState.DESTROYED))
     return live.select_related("workspace").filter(agent_token_hash=api_token_hash(token)).first()
-
-
-def desktop_actor(desktop: Desktop) -> Actor:
-    return Actor(system=f"desktop:{desktop.id}")
 
 
 def approval_request(

@@ -61,6 +61,11 @@ class Actor:
 SYSTEM = Actor(system="worker")
 
 
+def desktop_actor(desktop) -> Actor:
+    """A desktop acting through the guest endpoint with its own token: its agent, in effect."""
+    return Actor(system=f"desktop:{desktop.id}")
+
+
 def audit_record(
     *, actor: Actor, action: str, workspace_id: str = "", target: str = "", **detail
 ) -> AuditEvent:

@@ -19,7 +19,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.utils.translation import gettext as _
 from PIL import Image
 
-from desktops.audit import Actor, audit_record
+from desktops.audit import Actor, audit_record, desktop_actor
 from desktops.errors import Conflict, Invalid, Unavailable
 from desktops.models import Desktop, DesktopState
 from desktops.rfb import RfbReader, ScreenUnreachable, ServerRefused, screen_link_open, server_handshake
@@ -485,6 +485,20 @@ def screen_act(
     """Perform a batch of input actions in order on the desktop's screen, then optionally take a
     screenshot once the screen has settled. Needs the role that may take control of the desktop."""
     workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
+    return _act(actor=actor, desktop=desktop, actions=actions, screenshot=screenshot)
+
+
+def screen_act_by_agent(
+    *, desktop: Desktop, actions: list[Action], screenshot: ScreenshotOptions | None = None
+) -> ActionsDone:
+    """The same, by the desktop's own agent on its own screen (the guest endpoint, with the desktop's
+    token), audited with the desktop as the actor."""
+    return _act(actor=desktop_actor(desktop), desktop=desktop, actions=actions, screenshot=screenshot)
+
+
+def _act(
+    *, actor: Actor, desktop: Desktop, actions: list[Action], screenshot: ScreenshotOptions | None
+) -> ActionsDone:
     _running(desktop)
     actions_check(actions)  # what needs no screen, before reaching it
 

@@ -11,5 +11,7 @@ urlpatterns = [
     path("v1/approvals", guest.ApprovalAsk.as_view()),
     path("v1/approvals/<str:approval_id>", guest.ApprovalAnswer.as_view()),
     path("v1/activity", guest.Activity.as_view()),
+    path("v1/screen/screenshot", guest.ScreenLook.as_view()),
+    path("v1/screen/actions", guest.ScreenActions.as_view()),
     re_path(r"^", not_found),
 ]

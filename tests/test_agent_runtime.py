@@ -4,6 +4,7 @@ Real LXC desktops of the full image run the real OpenClaw; the only double is th
 scripted OpenAI-compatible server on the test bridge's host address (no LLM is reachable here).
 """
 
+import base64
 import io
 import json
 import secrets
@@ -410,3 +411,67 @@ def test_the_agent_browses_and_runs_commands_on_the_screen_the_operator_watches(
 def shown(desktop, title: str) -> str:
     """What X says of the window of that title on the desktop's screen (nothing when there is none)."""
     return run(desktop, f"DISPLAY=:0 xwininfo -name {shlex.quote(title)} 2>/dev/null || true")
+
+
+def images_sent(request: dict) -> list[Image.Image]:
+    """The images a request to the model carries (OpenClaw sends a tool's images as a user message)."""
+    images = []
+    for message in request["body"]["messages"]:
+        for part in message["content"] if isinstance(message["content"], list) else []:
+            if part.get("type") == "image_url":
+                data = part["image_url"]["url"].split("base64,", 1)[1]
+                images.append(Image.open(io.BytesIO(base64.b64decode(data))))
+    return images
+
+
+def test_the_agent_sees_and_acts_on_its_own_screen(
+    lxc_api, admin_api, workspace, scripted_model, guest_endpoint
+):
+    add_key(admin_api, workspace, f"sk-scripted-{secrets.token_hex(12)}")
+    desktop = provision(lxc_api, "agent-hands", profile="full")
+    wait_for_config(desktop, containing="bureau-screen")
+    warm = "cat ~/.cache/bureau/agent-warm 2>/dev/null || true"
+    wait_for(lambda: run(desktop, warm).strip(), "the agent was not warmed up", timeout=180)
+    # A window on the screen that writes what is typed into it to a file.
+    run(
+        desktop,
+        "DISPLAY=:0 LANG=C.UTF-8 nohup xterm -geometry 80x4+600+600 -e sh -c 'cat > ~/typed.txt'"
+        " >/dev/null 2>&1 &",
+    )
+    wait_for(lambda: "xterm" in run(desktop, "ps -o args= -u agent"), "the window did not open")
+    time.sleep(1)  # mapped
+
+    typed = "L'agent a écrit ça"
+    scripted_model.script(
+        ToolCall(
+            "screen_act",
+            {
+                "actions": [
+                    {"type": "click", "x": 700, "y": 630},
+                    {"type": "wait", "ms": 300},  # the window manager gives it the focus
+                    {"type": "type", "text": typed + "\n"},
+                ],
+                "screenshot": True,
+            },
+        ),
+        ToolCall("screen_look", {"width": 640}),
+        Text("Typed, and looked."),
+    )
+    turn = chat(lxc_api, desktop, "Écris dans la fenêtre")
+    answer = answer_of(turn["id"])
+    log = "grep -h -i 'bureau-screen\\|screen_\\|plugin' /tmp/openclaw/*.log | tail -20 || true"
+    assert answer.content == "Typed, and looked.", (answer.status, answer.content, run(desktop, log))
+    # What the agent typed reached the window, through the same screen code as the API's.
+    assert run(desktop, "cat ~/typed.txt").strip() == typed
+    event = AuditEvent.objects.get(action="desktop.screen.actions", target=desktop.id)
+    assert event.actor == f"system:desktop:{desktop.id}"
+    assert event.detail["types"] == ["click", "type", "wait"]
+
+    # Both tools offered to the model directly; each answer carried the screen as an image the model saw.
+    tools = [tool["function"]["name"] for tool in scripted_model.requests[-3]["body"]["tools"]]
+    assert {"screen_look", "screen_act"} <= set(tools)
+    after_act, after_look = images_sent(scripted_model.requests[-2]), images_sent(scripted_model.requests[-1])
+    assert [image.size for image in after_act] == [(1200, 750)]  # no wider than OpenClaw lets through
+    assert [image.size for image in after_look][-1] == (640, 400)
+    told = json.dumps(scripted_model.requests[-1]["body"]["messages"], ensure_ascii=False)
+    assert "640x400 of the 1280x800 screen, scale 0.5" in told

@@ -2,6 +2,8 @@
 Daphne running `lebureau.guest_asgi`): each attack tried and failing. It serves nothing but the guest
 URLs, takes nothing but a live desktop's own token, and a desktop acts on itself alone."""
 
+import base64
+import io
 import json
 import os
 import secrets
@@ -11,13 +13,16 @@ import time
 
 import pytest
 import requests
+from PIL import Image, ImageChops
 
 from desktops import approvals
 from desktops.audit import Actor
 from desktops.crypto import api_token_hash
-from desktops.models import Desktop, Role
+from desktops.guest import vnc_password_file
+from desktops.models import AuditEvent, Desktop, Role
 from tests.conftest import ROOT, api_key_for, guest_server
 from tests.factories import DesktopFactory
+from tests.support import services as real
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,3 +215,189 @@ def test_openclaws_plugin_reports_the_agents_commands(guest, members, tmp_path):
     finally:
         gateway.kill()
         gateway.wait()
+
+
+# The desktop's own screen: a real Xvnc (an xterm on it) asking for this desktop's VNC passwords, which
+# the guest endpoint reaches as it reaches a desktop's.
+SCREEN_DESKTOP = "dsk_guestscreen0"
+WIDTH, HEIGHT = 640, 400
+
+
+@pytest.fixture(scope="module")
+def screen_guest(django_db_setup, driver_dir, tmp_path_factory):
+    passwords = tmp_path_factory.mktemp("vnc") / "passwd"
+    passwords.write_bytes(vnc_password_file(SCREEN_DESKTOP))
+    with real.xvnc(geometry=f"{WIDTH}x{HEIGHT}", password_file=passwords) as (_display, port):
+        basetemp = tmp_path_factory.getbasetemp()
+        with guest_server(driver_dir, basetemp, DESKTOP_VNC_PORT=str(port)) as url:
+            yield url
+
+
+@pytest.fixture
+def screen_desktop(members):
+    """A desktop whose screen is that Xvnc, and its token."""
+    return desktop_with_token(
+        id=SCREEN_DESKTOP, workspace=members[Role.OWNER].workspace, private_ip="127.0.0.1"
+    )
+
+
+def screenshot(guest, token, query: str = "") -> tuple[dict, Image.Image]:
+    answer = call(guest, f"/v1/screen/screenshot{query}", token)
+    assert answer.status_code == 200, answer.text
+    shot = answer.json()
+    return shot, Image.open(io.BytesIO(base64.b64decode(shot["data"]))).convert("RGB")
+
+
+def drawn(guest, token) -> Image.Image:
+    """The screen once the xterm is on it (it maps a moment after the server starts)."""
+    deadline = time.monotonic() + 10
+    while True:
+        image = screenshot(guest, token)[1]
+        colours = image.getcolors(maxcolors=1 << 24)
+        if max(count for count, _ in colours) < WIDTH * HEIGHT * 0.95 or time.monotonic() > deadline:
+            return image
+        time.sleep(0.2)
+
+
+def test_a_desktops_agent_sees_and_acts_on_its_own_screen_and_is_audited(
+    screen_guest, screen_desktop, members
+):
+    desktop, token = screen_desktop
+    theirs, _ = desktop_with_token(private_ip="127.0.0.1")
+    before = drawn(screen_guest, token)
+    # The API's screenshot, in JSON: scaled down, with what maps its points back to the screen.
+    shot, image = screenshot(screen_guest, token, f"?width=320&desktop={theirs.id}")
+    assert (shot["width"], shot["height"], shot["scale"]) == (320, 200, 0.5) and image.size == (320, 200)
+    assert (shot["screenWidth"], shot["screenHeight"], shot["contentType"]) == (WIDTH, HEIGHT, "image/png")
+
+    # The API's batch of actions, on the token's own desktop whatever the body names.
+    batch = {
+        "desktop": theirs.id,
+        "actions": [{"type": "move", "x": 100, "y": 40}, {"type": "type", "text": "echo l'agent était là"}],
+        "screenshot": True,
+    }
+    done = call(screen_guest, "/v1/screen/actions", token, "POST", json=batch)
+    assert done.status_code == 200, done.text
+    assert done.json()["count"] == 2 and done.json()["screenshot"]["width"] == WIDTH
+    after = Image.open(io.BytesIO(base64.b64decode(done.json()["screenshot"]["data"]))).convert("RGB")
+    assert ImageChops.difference(before, after).getbbox() is not None, "the typed text is not on the screen"
+    # Audited as an operator's batch is, with the desktop (its agent) as the actor; nothing on theirs.
+    event = AuditEvent.objects.get(action="desktop.screen.actions")
+    assert (event.actor, event.target, event.workspace_id) == (
+        f"system:desktop:{desktop.id}",
+        desktop.id,
+        desktop.workspace_id,
+    )
+    assert event.detail == {"count": 2, "types": ["move", "type"], "typed": 21}
+    # The prompt emptied for the next test.
+    clear = {"actions": [{"type": "key", "keys": "ctrl+u"}]}
+    assert call(screen_guest, "/v1/screen/actions", token, "POST", json=clear).status_code == 200
+    # No route names another desktop.
+    for path in (f"/v1/desktops/{theirs.id}/screen/actions", f"/v1/screen/actions/{theirs.id}"):
+        assert call(screen_guest, path, token, "POST", json=clear).status_code == 404
+
+
+def test_no_screen_without_a_live_desktops_own_token(screen_guest, screen_desktop, members):
+    desktop, token = screen_desktop
+    act = {"actions": [{"type": "move", "x": 1, "y": 1}]}
+    for wrong in (None, "guess", token + "x", api_key_for(members[Role.OWNER])):
+        look = call(screen_guest, "/v1/screen/screenshot", wrong)
+        acted = call(screen_guest, "/v1/screen/actions", wrong, "POST", json=act)
+        assert look.status_code in (401, 403) and acted.status_code in (401, 403), (wrong, look.text)
+        assert "error" in look.json() and "data" not in look.json()
+    desktop.state = "destroyed"
+    desktop.save(update_fields=["state"])
+    assert call(screen_guest, "/v1/screen/screenshot", token).status_code == 401
+    assert call(screen_guest, "/v1/screen/actions", token, "POST", json=act).status_code == 401
+    assert not AuditEvent.objects.filter(action="desktop.screen.actions").exists()
+
+
+def test_a_stopped_desktops_screen_is_a_409(screen_guest, screen_desktop):
+    desktop, token = screen_desktop
+    desktop.state = "stopped"
+    desktop.save(update_fields=["state"])
+    assert call(screen_guest, "/v1/screen/screenshot", token).status_code == 409
+    act = {"actions": [{"type": "move", "x": 1, "y": 1}]}
+    assert call(screen_guest, "/v1/screen/actions", token, "POST", json=act).status_code == 409
+
+
+BAD_BATCHES = {
+    "outside the screen": [{"type": "click", "x": WIDTH, "y": 10}],
+    "unknown key": [{"type": "key", "keys": "ctrl+nokey"}],
+    "a control character in text": [{"type": "type", "text": "ok\x03"}],
+    "too many actions": [{"type": "wait", "ms": 0}] * 101,
+    "unknown action": [{"type": "teleport", "x": 1, "y": 1}],
+    "not an object": ["click"],
+}
+
+
+@pytest.mark.parametrize("batch", BAD_BATCHES.values(), ids=BAD_BATCHES.keys())
+def test_a_bad_batch_from_the_agent_is_a_400_and_nothing_of_it_is_done(screen_guest, screen_desktop, batch):
+    _, token = screen_desktop
+    before = drawn(screen_guest, token)
+    # Good actions first: had the batch been done until its bad action, they would show.
+    good = [{"type": "move", "x": 100, "y": 40}, {"type": "type", "text": "echo half-done"}]
+    refused = call(screen_guest, "/v1/screen/actions", token, "POST", json={"actions": [*good, *batch]})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "invalid" and error["message"]
+    time.sleep(0.2)
+    assert ImageChops.difference(before, drawn(screen_guest, token)).getbbox() is None
+    assert not AuditEvent.objects.filter(action="desktop.screen.actions").exists()
+
+
+SCREEN_PLUGIN = ROOT / "desktops" / "agent_plugins" / "bureau-screen" / "index.mjs"
+# OpenClaw's side of the screen plugin, as far as the plugin sees it: it registers its tools, which the
+# agent then calls (here: a look, then a batch with a screenshot after); their results are printed.
+SCREEN_TOOLS = """
+const plugin = (await import(process.argv[1])).default;
+const tools = {};
+plugin.register({ registerTool: (tool) => (tools[tool.name] = tool) });
+const brief = (result) => result.content.map((b) => (b.type === "image" ? { ...b, data: b.data.length } : b));
+const look = await tools.screen_look.execute("call_1", { width: 320 });
+const act = await tools.screen_act.execute("call_2", {
+  actions: [{ type: "move", x: 100, y: 40 }, { type: "key", keys: "ctrl+u" }],
+  screenshot: true,
+});
+let refused = null;
+try {
+  await tools.screen_act.execute("call_3", { actions: [{ type: "click", x: 5000, y: 1 }] });
+} catch (error) {
+  refused = error.message;
+}
+console.log(JSON.stringify({
+  names: Object.keys(tools),
+  modes: Object.values(tools).map((tool) => tool.catalogMode),
+  look: brief(look),
+  act: brief(act),
+  refused,
+}));
+"""
+
+
+def test_openclaws_screen_tools_answer_with_the_image_and_its_scale(screen_guest, screen_desktop, tmp_path):
+    _, token = screen_desktop
+    config = tmp_path / "bureau"
+    config.mkdir()
+    (config / "guest_url").write_text(screen_guest + "\n")
+    (config / "token").write_text(token + "\n")
+    env = {**os.environ, "BUREAU_CONFIG_DIR": str(config)}
+    node = subprocess.run(
+        ["node", "--input-type=module", "-e", SCREEN_TOOLS, SCREEN_PLUGIN.as_uri()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert node.returncode == 0, node.stderr
+    out = json.loads(node.stdout)
+    # Offered to the model directly, not behind Tool Search (whose `tool_call` answers text only).
+    assert out["names"] == ["screen_look", "screen_act"] and out["modes"] == ["direct-only"] * 2
+    text, image = out["look"]
+    assert text["type"] == "text" and "320x200 of the 640x400 screen, scale 0.5" in text["text"]
+    assert image["type"] == "image" and image["mimeType"] == "image/png" and image["data"] > 100
+    assert out["act"][0] == {"type": "text", "text": "Done: 2 action(s)."}
+    assert [block["type"] for block in out["act"][1:]] == ["text", "image"]
+    assert "640x400 of the 640x400 screen, scale 1" in out["act"][1]["text"]
+    # The control plane's own words reach the agent.
+    assert out["refused"] == "Action 0: the point 5000,1 is outside the 640x400 screen."

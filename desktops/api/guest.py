@@ -13,7 +13,9 @@ from rest_framework import authentication, exceptions, permissions, serializers,
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from desktops import alerts, approvals
+from desktops import alerts, approvals, screen
+from desktops.api import serializers as s
+from desktops.api.rendering import ImageNegotiation
 from desktops.api.views import BodyTooLarge
 from desktops.models import Approval, Desktop
 
@@ -140,3 +142,29 @@ class Activity(GuestView):
         data.is_valid(raise_exception=True)
         alerts.agent_commands_record(desktop=self.desktop, **data.validated_data)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ScreenLook(GuestView):
+    # `?format=` names the image's format, as on the API; the answer is JSON all the same.
+    content_negotiation_class = ImageNegotiation
+
+    @extend_schema(exclude=True)
+    def get(self, request):
+        """The desktop's own screen, as the API's screenshot: the image (base64), its size and scale."""
+        query = s.ScreenshotQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        options = screen.ScreenshotOptions(query.validated_data["format"], query.validated_data.get("width"))
+        shot = screen.screen_screenshot(desktop=self.desktop, options=options)
+        return Response(s.ScreenshotSerializer(shot).data)
+
+
+class ScreenActions(GuestView):
+    @extend_schema(exclude=True)
+    def post(self, request):
+        """The desktop's agent acts on its own screen: the API's batch of actions, checked whole first."""
+        body = s.ScreenActionsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        options = screen.ScreenshotOptions(data["format"], data.get("width")) if data["screenshot"] else None
+        done = screen.screen_act_by_agent(desktop=self.desktop, actions=data["actions"], screenshot=options)
+        return Response(s.ScreenActionsDoneSerializer(done).data)

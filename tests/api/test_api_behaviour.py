@@ -318,7 +318,15 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
         "baseUrl": "http://10.0.0.5:8080/v1",
         "apiKey": "sk-vllm-123456",
         "api": "openai-completions",
-        "models": [{"id": "qwen3", "name": "qwen3", "compat": {"supportsUsageInStreaming": True}}],
+        # Taken to see images: the agent's screenshots of its screen reach it.
+        "models": [
+            {
+                "id": "qwen3",
+                "name": "qwen3",
+                "input": ["text", "image"],
+                "compat": {"supportsUsageInStreaming": True},
+            }
+        ],
     }
     assert router["baseUrl"] == "https://openrouter.ai/api/v1" and router["models"][0]["id"] == "meta/llama-4"
     assert claude["api"] == "anthropic-messages" and claude["models"][0]["id"] == "claude-sonnet-4-5"
@@ -332,15 +340,16 @@ def test_the_agent_configuration_holds_every_key_newest_first(owner, workspace):
     # Besides the keys, only the desktop's own warm-up model, on its loopback.
     assert providers.keys() - {k.id.replace("_", "-") for k in keys} == WARMUP_PROVIDER.keys()
     assert all(p["baseUrl"].startswith("http://127.0.0.1:") for p in WARMUP_PROVIDER.values())
-    # Our approvals plugin is loaded (told where to show the agent's commands), and OpenClaw's exec policy
-    # set explicitly rather than defaulted.
+    # Our approvals plugin is loaded (told where to show the agent's commands) beside the screen's, and
+    # OpenClaw's exec policy set explicitly rather than defaulted.
     assert config["plugins"] == {
-        "load": {"paths": ["~/.openclaw/bureau/bureau-approvals"]},
+        "load": {"paths": ["~/.openclaw/bureau/bureau-approvals", "~/.openclaw/bureau/bureau-screen"]},
         "entries": {
             "bureau-approvals": {
                 "enabled": True,
                 "config": {"screen": {"display": ":0", "title": "The agent's commands"}},
-            }
+            },
+            "bureau-screen": {"enabled": True},
         },
     }
     assert config["tools"]["exec"] == {"host": "gateway", "security": "full", "ask": "off"}
