@@ -217,6 +217,7 @@ class RfbScreen:
         self.framebuffer = _Framebuffer(width, height)
         self.name = name
         self.buttons = 0
+        self.keyboard_used = False
 
     @classmethod
     async def open(cls, *, desktop_id: str, host: str, mode: str) -> RfbScreen:
@@ -335,6 +336,13 @@ class RfbScreen:
         await self.stream.write(struct.pack(">BBHH", POINTER_EVENT, self.buttons, x, y))
 
     async def key(self, keysym: int, down: bool) -> None:
+        if not self.keyboard_used:
+            # A Shift press and release (which types nothing) first: the first key event an X session
+            # gets makes its clients load their keymap, and a character the VNC server maps on the fly
+            # for that very event (an "é" opening a fresh desktop's first batch) arrives unmapped.
+            self.keyboard_used = True
+            for pressed in (True, False):
+                await self.stream.write(struct.pack(">BBxxI", KEY_EVENT, int(pressed), KEYSYMS["shift"]))
         await self.stream.write(struct.pack(">BBxxI", KEY_EVENT, int(down), keysym))
 
     async def perform(self, action: Action) -> None:

@@ -122,3 +122,11 @@ def test_other_shapes_boot_as_before_and_the_pool_follows_its_configuration(pool
     smaller = LxcDriver(dataclasses.replace(CONFIG, warm_pool=()), pool.control_plane)
     assert smaller.maintenance() == {"warm_pool": {SHAPE.tag: {"removed": 1}}}
     assert members(pool) == [] and [i.key for i in pool.list_instances()] == [bigger.key]
+
+
+def test_a_shape_whose_image_is_not_built_leaves_nothing_behind(pool, caplog):
+    missing = LxcDriver(
+        dataclasses.replace(CONFIG, warm_pool=(PoolShape("nosuch", 1, 512, 2, 1),)), pool.control_plane
+    )
+    assert missing.maintenance() == {}
+    assert pool.store.all() == [] and "warm pool lbp-nosuch" in caplog.text and "not built" in caplog.text
