@@ -613,7 +613,8 @@ def _task_status(sim: Simulator, params):
 
 
 def _fw_options_get(sim, params):
-    return sim._vm(params).fw_options
+    # Stored as the request's strings; PVE answers its flags as booleans (0/1).
+    return {k: int(v) if v in ("0", "1") else v for k, v in sim._vm(params).fw_options.items()}
 
 
 def _fw_options_put(sim, params):
@@ -687,7 +688,16 @@ def _ipset_add(sim, params):
     cidr = params["cidr"]
     if any(e["cidr"] == cidr for e in entries):
         raise ApiError(500, f"address '{cidr}' already exists")
-    entries.append({"cidr": cidr})
+    entries.append({"cidr": cidr, **({"comment": params["comment"]} if "comment" in params else {})})
+
+
+def _ipset_update_entry(sim, params):
+    entries = _ipset_entries(sim, params)
+    entry = next((e for e in entries if e["cidr"] == params["cidr"]), None)
+    if entry is None:
+        raise ApiError(500, f"no such IP address '{params['cidr']}'")
+    if "comment" in params:
+        entry["comment"] = params["comment"]
 
 
 def _ipset_delete_entry(sim, params):
@@ -770,6 +780,7 @@ ROUTES = {
     ("GET", f"{FW}/ipset/{{name}}"): _ipset_get,
     ("POST", f"{FW}/ipset/{{name}}"): _ipset_add,
     ("DELETE", f"{FW}/ipset/{{name}}"): _ipset_delete,
+    ("PUT", f"{FW}/ipset/{{name}}/{{cidr}}"): _ipset_update_entry,
     ("DELETE", f"{FW}/ipset/{{name}}/{{cidr}}"): _ipset_delete_entry,
     ("POST", f"{VM}/vncproxy"): _vncproxy,
     ("GET", f"{VM}/vncwebsocket"): _vncwebsocket,

@@ -7,6 +7,7 @@ task that is retried or delivered twice converges instead of failing.
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,6 +88,17 @@ class BlockedEgress:
     # Names its resolver answered "no such domain" for, with how many look-ups.
     names: tuple[tuple[str, int], ...]
     addresses: tuple[BlockedDestination, ...]
+
+
+def host_nameservers() -> tuple[str, ...]:
+    """The host's own resolvers, where the desktops' resolvers (on the host) send the names they allow."""
+    servers = []
+    with contextlib.suppress(OSError), open("/etc/resolv.conf") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == "nameserver":
+                servers.append(fields[1])
+    return tuple(servers)
 
 
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"

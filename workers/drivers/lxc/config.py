@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -10,7 +9,7 @@ from pathlib import Path
 
 from environs import Env
 
-from workers.drivers.base import PoolShape
+from workers.drivers.base import PoolShape, host_nameservers
 from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX
 
 # The control plane's guest endpoint port, the one port of the host desktops need by default.
@@ -18,17 +17,6 @@ GUEST_PORT = 8001
 # One desktop of the smallest plan on the full image booted ahead of demand: a create takes it, and
 # its agent has started and warmed up by then (about twenty seconds of CPU on two cores).
 DEFAULT_WARM_POOL = ("full:1:2048:10=1",)
-
-
-def host_nameservers() -> tuple[str, ...]:
-    """The host's own resolvers, where the desktops' resolvers (on the host) send the names they allow."""
-    servers = []
-    with contextlib.suppress(OSError), open("/etc/resolv.conf") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) >= 2 and fields[0] == "nameserver":
-                servers.append(fields[1])
-    return tuple(servers)
 
 
 @dataclass(frozen=True)

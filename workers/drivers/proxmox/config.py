@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from environs import Env
 
-from workers.drivers.base import DriverError, PoolShape
+from workers.drivers.base import DriverError, PoolShape, host_nameservers
 
 # Never reachable from a desktop: private networks, link-local (a cloud's metadata service among them),
 # and their IPv6 counterparts.
@@ -55,8 +55,22 @@ class ProxmoxConfig:
     # VMs cloned ahead of demand on every node, per plan shape; booted unless told otherwise.
     warm_pool: tuple[PoolShape, ...] = ()
     warm_pool_running: bool = True
-    # Seconds between two re-resolutions of the desktops' allowed domains into their IP sets.
+    # Seconds between two re-resolutions of the desktops' allowed domains into their IP sets (the same
+    # refresh removes the addresses the desktops' resolver added once their time is up).
     domain_refresh_interval: float = 300.0
+    # The desktops' resolver (``resolver``): the address VMs send DNS to (their cloud-init nameserver, the
+    # only DNS server their firewall lets them reach), and where the service listens (``host:port``; by
+    # default that address, port 53). Empty: no resolver, and wildcard domains cannot be allowed.
+    resolver_address: str = ""
+    resolver_listen: str = ""
+    # Where it sends the names a desktop may resolve (``host`` or ``host:port``): the host's resolvers.
+    resolver_upstreams: tuple[str, ...] = field(default_factory=host_nameservers)
+    # The longest TTL a desktop is told; an answered address stays in its set that long plus a grace.
+    resolver_max_ttl: int = 300
+    resolver_grace: int = 60
+    # Seconds the resolver trusts what it read of a VM (its policy, its set) before reading it again.
+    resolver_policy_ttl: float = 5.0
+    resolver_upstream_timeout: float = 3.0
     api_timeout: int = 30
     task_timeout: float = 600.0
     agent_timeout: float = 300.0
@@ -74,6 +88,8 @@ class ProxmoxConfig:
             raise ValueError(
                 f"the gateway {self.gateway} (PROXMOX_GATEWAY) is not in {network} (PROXMOX_SUBNET)"
             )
+        if self.resolver_address:
+            ipaddress.IPv4Address(self.resolver_address)
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -82,6 +98,25 @@ class ProxmoxConfig:
     @property
     def gateway_address(self) -> str:
         return self.gateway or str(self.network.network_address + 1)
+
+    @property
+    def resolver_bind(self) -> tuple[str, int]:
+        """Where the desktops' resolver listens."""
+        listen = self.resolver_listen or f"{self.resolver_address}:53"
+        host, _, port = listen.rpartition(":")
+        return host, int(port)
+
+    def vmid_at(self, address: str) -> int | None:
+        """The VMID whose address this is (the inverse of ``address_of``), or None for any other."""
+        try:
+            ip = ipaddress.IPv4Address(address)
+        except ValueError:
+            return None
+        network = self.network
+        if ip not in network or ip in (network.network_address, network.broadcast_address):
+            return None
+        vmid = int(ip) - int(network.network_address)
+        return vmid if vmid >= 100 and str(ip) != self.gateway_address else None
 
     def address_of(self, vmid: int) -> str:
         """The address of the VM with this VMID: the network's address plus the VMID."""
@@ -126,6 +161,12 @@ class ProxmoxConfig:
             domain_refresh_interval=env.float(
                 "PROXMOX_DOMAIN_REFRESH_INTERVAL", defaults["domain_refresh_interval"]
             ),
+            resolver_address=env.str("PROXMOX_RESOLVER_ADDRESS", defaults["resolver_address"]),
+            resolver_listen=env.str("PROXMOX_RESOLVER_LISTEN", defaults["resolver_listen"]),
+            resolver_upstreams=tuple(env.list("PROXMOX_RESOLVER_UPSTREAMS", list(host_nameservers()))),
+            resolver_max_ttl=env.int("PROXMOX_RESOLVER_MAX_TTL", defaults["resolver_max_ttl"]),
+            resolver_grace=env.int("PROXMOX_RESOLVER_GRACE", defaults["resolver_grace"]),
+            resolver_policy_ttl=env.float("PROXMOX_RESOLVER_POLICY_TTL", defaults["resolver_policy_ttl"]),
             api_timeout=env.int("PROXMOX_API_TIMEOUT", defaults["api_timeout"]),
             task_timeout=env.float("PROXMOX_TASK_TIMEOUT", defaults["task_timeout"]),
             agent_timeout=env.float("PROXMOX_AGENT_TIMEOUT", defaults["agent_timeout"]),

@@ -41,6 +41,7 @@ from workers.drivers.proxmox.firewall import (
     Resolver,
     converge_ipset,
     domains_of,
+    kept_entries,
     resolve_ipv4,
     resolved,
 )
@@ -210,7 +211,8 @@ class ProxmoxDriver(ComputeDriver):
         return done
 
     def refresh_allowed_domains(self) -> dict[str, tuple[str, ...]]:
-        """Re-resolve the allowed domains of every desktop VM and bring its IP set up to date.
+        """Re-resolve the allowed domains of every desktop VM and bring its IP set up to date: the
+        addresses resolved now, and those the desktops' resolver answered whose time is not up.
 
         Returns the new addresses of each desktop whose set changed. A desktop whose lookup or update
         fails keeps its set as it was and is tried again next time.
@@ -233,9 +235,12 @@ class ProxmoxDriver(ComputeDriver):
                 domains = next((domains_of(s.get("comment", "")) for s in sets if s["name"] == DOMAINS), ())
                 if not domains:
                     continue
-                addresses = resolved(domains, resolve)
                 ipset = firewall.ipset(DOMAINS)
-                if self.pve.call(f"refresh the domains of VM {vm.vmid}", converge_ipset, ipset, addresses):
+                entries = self.pve.call(f"read the domains of VM {vm.vmid}", ipset.get)
+                addresses = kept_entries(entries, resolved(domains, resolve))
+                if self.pve.call(
+                    f"refresh the domains of VM {vm.vmid}", converge_ipset, ipset, addresses, entries
+                ):
                     changed[key] = addresses
             except DriverError as exc:
                 logger.warning("allowed domains of %s not refreshed: %s", key, exc.message)

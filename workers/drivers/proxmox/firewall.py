@@ -9,6 +9,11 @@ networks), and the internet only when the policy allows it.
 The allowed domains are kept in the comment of their IP set, so the periodic refresh finds them on
 the VM itself (the control plane stores no policy) and re-resolves them: addresses behind a name
 change, and a set resolved once would go stale.
+
+With the desktops' resolver (``resolver``) the VM's DNS may go to it alone, and it adds the addresses
+it answers to the same set, each entry's comment saying until when (the record's TTL): the refresh
+removes them once that has passed. Wildcards (``*.example.com``) can only be allowed that way, since
+no lookup in advance can list a wildcard's names.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -28,8 +34,10 @@ CONTROL, ALLOWED, DOMAINS, PRIVATE = "lb-control", "lb-allowed", "lb-domains", "
 IPFILTER = "ipfilter-net0"
 COMMENT = "lebureau"
 DOMAINS_COMMENT = f"{COMMENT} domains:"
+# The comment of an address the resolver answered: it is allowed until then (seconds since the epoch).
+ANSWERED_COMMENT = f"{COMMENT} dns until "
 _DOMAIN = re.compile(
-    r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+    r"(?=.{1,253}$)(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 )
 
 # A domain name -> its IPv4 addresses; raises OSError (socket.gaierror) when the lookup fails.
@@ -54,15 +62,29 @@ def firewall_plan(
     control_tcp_ports: tuple[int, ...],
     private_cidrs: tuple[str, ...],
     resolve: Resolver,
+    resolver: str = "",
 ) -> FirewallPlan:
+    """``resolver``: the address of the desktops' resolver, when there is one."""
     allowed = tuple(_network(cidr) for cidr in policy.allowed_cidrs)
     domains = tuple(sorted({_domain(name) for name in policy.allowed_domains}))
+    wildcards = [d for d in domains if d.startswith("*.")]
+    if wildcards and not resolver:
+        raise DriverError(
+            f"allowed domain {wildcards[0]!r} is a wildcard: it needs the desktops' resolver "
+            "(PROXMOX_RESOLVER_ADDRESS), since no lookup in advance lists its names"
+        )
     rules = [
         _rule("in", "ACCEPT", "22", source=f"+{CONTROL}"),
         _rule("in", "ACCEPT", "5900", source=f"+{CONTROL}"),
     ]
     if control_tcp_ports:
         rules.append(_rule("out", "ACCEPT", ",".join(map(str, control_tcp_ports)), dest=f"+{CONTROL}"))
+    if resolver:
+        # DNS to our resolver only, in every policy, before any rule could let it out elsewhere (an
+        # allowed name may well be a public resolver's): what it answers is what the set holds.
+        resolver = str(ipaddress.IPv4Address(resolver))
+        rules += [_rule("out", "ACCEPT", "53", proto, dest=resolver) for proto in ("udp", "tcp")]
+        rules += [_rule("out", "DROP", "53", proto) for proto in ("udp", "tcp")]
     # Nothing else of the control plane, in every policy and even where its address is public: its
     # pages, API and admin stay out of a desktop's reach.
     rules.append(_rule("out", "DROP", dest=f"+{CONTROL}"))
@@ -103,12 +125,19 @@ def apply_firewall(vm_api, plan: FirewallPlan) -> None:
     existing = {s["name"]: s.get("comment", "") for s in firewall.ipset.get()}
     for name, cidrs in plan.ipsets.items():
         comment = plan.comments[name]
+        ipset = firewall.ipset(name)
         if name not in existing:
             firewall.ipset.post(name=name, comment=comment)
         elif existing[name] != comment:
-            # PVE's way to change only the comment: "rename" the set to its own name.
+            # PVE's way to change only the comment: "rename" the set to its own name. What the resolver
+            # answered under the former domains goes with them.
             firewall.ipset.post(name=name, rename=name, comment=comment)
-        converge_ipset(firewall.ipset(name), cidrs)
+        elif name == DOMAINS:
+            # The same names: what the resolver answered for them stays until its time is up.
+            present = ipset.get()
+            converge_ipset(ipset, kept_entries(present, cidrs), present)
+            continue
+        converge_ipset(ipset, cidrs)
     current = firewall.rules.get()
     if [_comparable(r) for r in sorted(current, key=lambda r: r["pos"])] != list(plan.rules):
         for pos, rule in enumerate(plan.rules):
@@ -118,15 +147,42 @@ def apply_firewall(vm_api, plan: FirewallPlan) -> None:
     firewall.options.put(**plan.options)
 
 
-def converge_ipset(ipset_api, cidrs: Iterable[str]) -> bool:
-    """Add the missing entries, then remove the others; True when anything changed."""
+def converge_ipset(ipset_api, cidrs: Iterable[str], entries: list[dict] | None = None) -> bool:
+    """Add the missing entries, then remove the others; True when anything changed. ``entries``: the
+    set's entries as just read, if they were."""
     wanted = set(cidrs)
-    present = {e["cidr"] for e in ipset_api.get()}
+    present = {e["cidr"] for e in (ipset_api.get() if entries is None else entries)}
     for cidr in sorted(wanted - present):
         ipset_api.post(cidr=cidr)
     for cidr in sorted(present - wanted):
         ipset_api(quote(cidr, safe="")).delete()
     return wanted != present
+
+
+def kept_entries(entries: Iterable[dict], cidrs: Iterable[str], now: float | None = None) -> tuple[str, ...]:
+    """The addresses a domains set should hold: ``cidrs`` (resolved in advance) and the addresses the
+    resolver answered whose time is not up yet."""
+    now = time.time() if now is None else now
+    kept = set(cidrs)
+    for entry in entries:
+        until = answered_until(entry.get("comment", ""))
+        if until is not None and until > now:
+            kept.add(entry["cidr"])
+    return tuple(sorted(kept, key=ipaddress.IPv4Network))
+
+
+def answered_comment(until: float) -> str:
+    return f"{ANSWERED_COMMENT}{int(until)}"
+
+
+def answered_until(comment: str) -> int | None:
+    """Until when an entry the resolver added is allowed; None for an entry resolved in advance."""
+    if not comment.startswith(ANSWERED_COMMENT):
+        return None
+    try:
+        return int(comment.removeprefix(ANSWERED_COMMENT))
+    except ValueError:
+        return 0
 
 
 def domains_comment(domains: Iterable[str]) -> str:
@@ -141,10 +197,12 @@ def domains_of(comment: str) -> tuple[str, ...]:
 
 
 def resolved(domains: Iterable[str], resolve: Resolver) -> tuple[str, ...]:
-    """Every IPv4 address of the domains as /32 networks; a failed lookup fails it all, so a DNS
-    outage never empties a set that is in use."""
+    """Every IPv4 address of the domains as /32 networks (wildcards have none: only the resolver knows
+    theirs); a failed lookup fails it all, so a DNS outage never empties a set that is in use."""
     addresses = set()
     for domain in domains:
+        if domain.startswith("*."):
+            continue
         try:
             answer = tuple(resolve(domain))
         except OSError as exc:
@@ -161,10 +219,10 @@ def resolve_ipv4(domain: str) -> tuple[str, ...]:
     return tuple(answer[4][0] for answer in answers)
 
 
-def _rule(direction: str, action: str, dport: str = "", **address: str) -> dict[str, str]:
+def _rule(direction: str, action: str, dport: str = "", proto: str = "tcp", **address: str) -> dict[str, str]:
     rule = {"type": direction, "action": action, "enable": "1", "comment": COMMENT, **address}
     if dport:
-        rule.update(proto="tcp", dport=dport)
+        rule.update(proto=proto, dport=dport)
     return rule
 
 

@@ -110,6 +110,8 @@ class Machines:
         """The control plane's key, and the address the control plane gives the VM (no DHCP)."""
         network = self.config.network
         address = f"{self.config.address_of(vm.vmid)}/{network.prefixlen}"
+        # With the desktops' resolver, the VM's only one: its firewall lets DNS go nowhere else.
+        dns = {"nameserver": self.config.resolver_address} if self.config.resolver_address else {}
         self.pve.call(
             f"set cloud-init on VM {vm.vmid}",
             self.pve.vm(vm).config.put,
@@ -118,6 +120,7 @@ class Machines:
             sshkeys=quote(ssh_public_key.strip(), safe=""),
             ipconfig0=f"ip={address},gw={self.config.gateway_address}",
             digest=digest,
+            **dns,
         )
 
     def apply_firewall(self, vm: PveVm, policy: NetworkPolicy) -> None:
@@ -130,6 +133,7 @@ class Machines:
             config.control_tcp_ports,
             config.private_cidrs,
             self.resolve,
+            config.resolver_address,
         )
         self.pve.call(f"set the firewall of VM {vm.vmid}", apply_firewall, self.pve.vm(vm), plan)
 

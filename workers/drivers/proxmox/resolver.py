@@ -1,0 +1,307 @@
+"""The Proxmox desktops' resolver: answers a desktop the names its policy allows, and lets it reach them.
+
+A PVE firewall cannot follow DNS by itself, and dnsmasq cannot write into PVE's IP sets, so this
+small service of the engine does what each LXC desktop's dnsmasq does (``lxc/resolver``):
+
+- **Where it runs**: beside the control plane (``make run`` starts it as the ``dns`` process), on an
+  address of a host the desktops' network reaches, ``PROXMOX_RESOLVER_ADDRESS``, UDP and TCP port 53
+  (``PROXMOX_RESOLVER_LISTEN`` binds elsewhere). It needs the engine's API token, nothing else.
+- **How a VM learns it**: the driver gives it to each VM as its cloud-init ``nameserver``, and the VM
+  firewall lets DNS out to that address alone: DNS to any other resolver is dropped in every policy.
+- **Who is asking**: a query's source address, which the VM firewall pins (``ipfilter``) to the one
+  the control plane gave the VM: ``PROXMOX_SUBNET``'s address plus the VMID. That VM must be one of
+  the engine's desktops; anyone else, or an address outside the subnet, is refused.
+- **What it answers**: the policy is read from the VM's own firewall (as the periodic refresh does):
+  the internet open, every name is forwarded to ``PROXMOX_RESOLVER_UPSTREAMS``; otherwise only the
+  names the domains set's comment allows (``example.com`` and its subdomains, ``*.example.com`` its
+  subdomains only), every other name is "no such domain". The IPv4 addresses of an allowed answer are
+  added to the VM's domains set through the PVE API before the answer leaves, each with the time it is
+  good for (the record's TTL, at most ``PROXMOX_RESOLVER_MAX_TTL``, plus a grace) in its comment; the
+  engine's periodic refresh removes them once that has passed. No AAAA answer is given where the
+  internet is closed: the firewall lets no IPv6 out.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from dnslib import EDNS0, QTYPE, RCODE, DNSError, DNSHeader, DNSQuestion, DNSRecord
+from dnslib.server import BaseResolver, DNSHandler, DNSServer
+
+from workers.drivers.base import DriverError
+from workers.drivers.proxmox.api import PveApi, key_of
+from workers.drivers.proxmox.config import ProxmoxConfig
+from workers.drivers.proxmox.firewall import DOMAINS, answered_comment, answered_until, domains_of
+
+logger = logging.getLogger(__name__)
+
+# A UDP answer to a query without EDNS fits in this (RFC 1035); a longer one is truncated and the
+# stub asks again over TCP.
+PLAIN_UDP = 512
+EDNS_UDP = 1232
+
+
+@dataclass
+class Desktop:
+    """What the resolver read of one desktop VM, trusted for ``resolver_policy_ttl`` seconds."""
+
+    vmid: int
+    node: str
+    key: str
+    allow_internet: bool
+    domains: tuple[str, ...]
+    # The domains set's entries: until when each answered address is allowed (None: resolved in advance).
+    entries: dict[str, int | None]
+    read_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def allows(domains: tuple[str, ...], name: str) -> bool:
+    """Whether an allowed domain covers the name: ``example.com`` itself and its subdomains,
+    ``*.example.com`` its subdomains only."""
+    for domain in domains:
+        if domain.startswith("*."):
+            if name.endswith(domain[1:]):
+                return True
+        elif name == domain or name.endswith("." + domain):
+            return True
+    return False
+
+
+class DesktopResolver(BaseResolver):
+    def __init__(self, config: ProxmoxConfig, pve: PveApi | None = None, clock=time.time):
+        self.config = config
+        self.pve = pve or PveApi(config)
+        self.clock = clock
+        self.private = tuple(ipaddress.ip_network(c, strict=False) for c in config.private_cidrs)
+        self._desktops: dict[int, Desktop] = {}
+        self._lock = threading.Lock()
+
+    # -- dnslib's entry point ------------------------------------------------------------------
+
+    def resolve(self, request: DNSRecord, handler: DNSHandler) -> DNSRecord:
+        # How long a UDP answer may be, for the handler that sends it: the asker's EDNS size, if any.
+        edns = next((r for r in request.ar if r.rtype == QTYPE.OPT), None)
+        handler.udplen = min(max(edns.rclass, PLAIN_UDP), EDNS_UDP) if edns else PLAIN_UDP
+        reply = self.answer(request, handler.client_address[0])
+        if edns:
+            reply.add_ar(EDNS0(udp_len=EDNS_UDP))
+        return reply
+
+    def answer(self, request: DNSRecord, source: str) -> DNSRecord:
+        """The answer to a query from ``source``."""
+        reply = request.reply()
+        if len(request.questions) != 1 or request.header.opcode != 0:
+            return _rcode(reply, RCODE.REFUSED)
+        vmid = self.config.vmid_at(source)
+        try:
+            desktop = self.desktop(vmid) if vmid is not None else None
+        except DriverError as exc:
+            logger.warning("could not read the policy of VM %s: %s", vmid, exc.message)
+            return _rcode(reply, RCODE.SERVFAIL)
+        if desktop is None:
+            logger.info("refused a query from %s: no desktop has that address", source)
+            return _rcode(reply, RCODE.REFUSED)
+        name = str(request.q.qname).rstrip(".").lower()
+        if not desktop.allow_internet:
+            if not allows(desktop.domains, name):
+                logger.info("no such domain for %s: %s is not allowed", desktop.key, name)
+                return _rcode(reply, RCODE.NXDOMAIN)
+            if request.q.qtype == QTYPE.AAAA:
+                return reply
+        upstream = self.forward(request)
+        if upstream is None:
+            return _rcode(reply, RCODE.SERVFAIL)
+        reply.header.rcode = upstream.header.rcode
+        ttl_max = self.config.resolver_max_ttl
+        for section, add in ((upstream.rr, reply.add_answer), (upstream.auth, reply.add_auth)):
+            for record in section:
+                record.ttl = min(record.ttl, ttl_max)
+                add(record)
+        if not desktop.allow_internet:
+            answered = {
+                str(r.rdata): r.ttl
+                for r in upstream.rr
+                if r.rtype == QTYPE.A and not self._private(str(r.rdata))
+            }
+            try:
+                self.admit(desktop, answered)
+            except DriverError as exc:
+                # An address the desktop could not reach would only look like a broken site.
+                logger.warning("could not allow %s to %s: %s", name, desktop.key, exc.message)
+                return _rcode(request.reply(), RCODE.SERVFAIL)
+        return reply
+
+    # -- the desktops and their sets --------------------------------------------------------------
+
+    def desktop(self, vmid: int) -> Desktop | None:
+        """The desktop VM with this VMID as its firewall says now (read again once stale)."""
+        now = time.monotonic()
+        with self._lock:
+            known = self._desktops.get(vmid)
+            if known is not None and now - known.read_at < self.config.resolver_policy_ttl:
+                return known
+        vm = next((v for v in self.pve.vms() if v.vmid == vmid), None)
+        key = key_of(vm) if vm is not None else ""
+        if not key:
+            return None
+        firewall = self.pve.vm(vm).firewall
+        sets = self.pve.call(f"list the IP sets of VM {vmid}", firewall.ipset.get)
+        comment = next((s.get("comment", "") for s in sets if s["name"] == DOMAINS), None)
+        if comment is None:
+            return None  # not given its firewall yet
+        options = self.pve.call(f"read the firewall of VM {vmid}", firewall.options.get)
+        entries = self.pve.call(f"read the domains of VM {vmid}", firewall.ipset(DOMAINS).get)
+        desktop = Desktop(
+            vmid=vmid,
+            node=vm.node,
+            key=key,
+            allow_internet=options.get("policy_out", "ACCEPT") == "ACCEPT",
+            domains=domains_of(comment),
+            entries={e["cidr"]: answered_until(e.get("comment", "")) for e in entries},
+            read_at=now,
+        )
+        with self._lock:
+            self._desktops[vmid] = desktop
+        return desktop
+
+    def admit(self, desktop: Desktop, answered: dict[str, int]) -> None:
+        """Put the answered addresses in the desktop's domains set until their TTL (and the grace) is up.
+
+        An address already there for long enough is left alone, so a busy name costs no API call.
+        """
+        now = self.clock()
+        ipset = self.pve.api.nodes(desktop.node).qemu(desktop.vmid).firewall.ipset(DOMAINS)
+        with desktop.lock:
+            for address, ttl in sorted(answered.items()):
+                cidr = f"{address}/32"
+                until = int(now + ttl + self.config.resolver_grace)
+                if cidr not in desktop.entries:
+                    try:
+                        self.pve.call(
+                            f"allow {cidr} to VM {desktop.vmid}",
+                            ipset.post,
+                            cidr=cidr,
+                            comment=answered_comment(until),
+                        )
+                    except DriverError as exc:
+                        # Added meanwhile (by the policy's own lookup, or the set was read before).
+                        if "already exists" not in exc.message:
+                            raise
+                        self._renew(ipset, desktop, cidr, until)
+                else:
+                    current = desktop.entries[cidr]
+                    if current is None or current - now >= (until - now) / 2:
+                        continue
+                    self._renew(ipset, desktop, cidr, until)
+                desktop.entries[cidr] = until
+
+    def _renew(self, ipset, desktop: Desktop, cidr: str, until: int) -> None:
+        self.pve.call(
+            f"allow {cidr} longer to VM {desktop.vmid}",
+            ipset(quote(cidr, safe="")).put,
+            comment=answered_comment(until),
+        )
+
+    def _private(self, address: str) -> bool:
+        # The firewall drops these before anything allowed: adding them would open nothing.
+        ip = ipaddress.ip_address(address)
+        return any(ip in network for network in self.private)
+
+    # -- upstream ------------------------------------------------------------------------------
+
+    def forward(self, request: DNSRecord) -> DNSRecord | None:
+        """The upstream resolvers' answer to the question, or None when none answers."""
+        question = request.q
+        query = DNSRecord(
+            DNSHeader(rd=request.header.rd), q=DNSQuestion(question.qname, question.qtype, question.qclass)
+        )
+        for upstream in self.config.resolver_upstreams:
+            host, _, port = upstream.partition(":")
+            try:
+                answer = DNSRecord.parse(
+                    query.send(host, int(port or 53), timeout=self.config.resolver_upstream_timeout)
+                )
+                if answer.header.tc:
+                    answer = DNSRecord.parse(
+                        query.send(
+                            host, int(port or 53), tcp=True, timeout=self.config.resolver_upstream_timeout
+                        )
+                    )
+            except (OSError, DNSError, ValueError) as exc:
+                logger.warning("upstream resolver %s did not answer: %s", upstream, exc)
+                continue
+            if answer.header.id == query.header.id and answer.q == query.q:
+                return answer
+        return None
+
+
+def _rcode(reply: DNSRecord, rcode: int) -> DNSRecord:
+    reply.header.rcode = rcode
+    return reply
+
+
+class _Quiet:
+    """dnslib's logger, into ours: errors only (it prints every packet otherwise)."""
+
+    def log_error(self, handler, error) -> None:
+        logger.warning("DNS from %s: %s", handler.client_address[0], error)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+class ResolverService:
+    """The resolver on UDP and TCP, each served by threads of this process."""
+
+    def __init__(self, config: ProxmoxConfig, pve: PveApi | None = None):
+        host, port = config.resolver_bind
+        self.resolver = DesktopResolver(config, pve)
+        self.udp = DNSServer(self.resolver, address=host, port=port, logger=_Quiet())
+        # Port 0 (tests) is a free port: TCP takes the one UDP was given.
+        port = self.udp.server.server_address[1]
+        self.tcp = DNSServer(self.resolver, address=host, port=port, tcp=True, logger=_Quiet())
+        self.address = (host, port)
+
+    def start(self) -> ResolverService:
+        self.udp.start_thread()
+        self.tcp.start_thread()
+        return self
+
+    def stop(self) -> None:
+        for server in (self.udp, self.tcp):
+            server.stop()
+            server.server.server_close()
+
+
+def main() -> None:
+    from environs import Env
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    env = Env()
+    env.read_env()
+    if not env.str("PROXMOX_RESOLVER_ADDRESS", ""):
+        # Idle rather than exit: `make run` stops every process when one ends.
+        logger.info("PROXMOX_RESOLVER_ADDRESS is not set: the Proxmox desktops' resolver is off")
+        while True:
+            signal.pause()
+    config = ProxmoxConfig.from_env(env)
+    if not config.resolver_upstreams:
+        raise SystemExit("PROXMOX_RESOLVER_UPSTREAMS is empty: the desktops' resolver has nowhere to ask")
+    service = ResolverService(config).start()
+    logger.info("the Proxmox desktops' resolver answers on %s:%s", *service.address)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    stopped.wait()
+    service.stop()
+
+
+if __name__ == "__main__":
+    main()
