@@ -49,7 +49,8 @@ PRESET_ENTRIES = (
     "crates.io",
     "index.crates.io",
     "static.crates.io",
-    # Named one by one rather than by wildcard: the Proxmox engine allows names by their addresses.
+    # Named one by one rather than by wildcard: a Proxmox engine without its resolver allows names only
+    # by their addresses resolved in advance.
     "github.com",
     "api.github.com",
     "codeload.github.com",

@@ -9,8 +9,13 @@ holds each VM's firewall, where the resolver adds what it answered.
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dnslib import QTYPE, RCODE, DNSRecord
@@ -18,7 +23,7 @@ from dnslib.server import DNSServer
 from dnslib.zoneresolver import ZoneResolver
 
 from tests.drivers.test_proxmox_domains import Dns, rules_out
-from tests.pve.support import TEMPLATE, driver_for, make_spec, needs_schema, simulator
+from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
 from workers.drivers.base import DriverError, NetworkPolicy
 from workers.drivers.proxmox.resolver import ResolverService, _Quiet
 
@@ -320,3 +325,70 @@ def test_without_a_resolver_a_wildcard_is_refused_with_the_reason(sim):
             spec.key, NetworkPolicy(allow_internet=False, allowed_domains=("*.github.com",))
         )
     assert "nameserver" not in sim.vms[max(sim.vms)].config
+
+
+def service_env(sim, **values: str) -> dict[str, str]:
+    user, token_name, secret = sim.token
+    return {
+        **os.environ,
+        "PROXMOX_HOST": sim.host,
+        "PROXMOX_TOKEN_USER": user,
+        "PROXMOX_TOKEN_NAME": token_name,
+        "PROXMOX_TOKEN_SECRET": secret,
+        "PROXMOX_VERIFY_SSL": str(sim.ca_path),
+        "PROXMOX_CONTROL_CIDRS": CONTROL_CIDR,
+        "PROXMOX_SUBNET": SUBNET,
+        **values,
+    }
+
+
+def test_the_resolver_runs_as_the_procfiles_process(sim, upstream):
+    """`make run` starts it as `dns`; it answers on UDP and TCP until told to stop."""
+    command = next(line for line in Path("Procfile").read_text().splitlines() if line.startswith("dns:"))
+    argv = [sys.executable, *command.split()[2:]]
+    assert argv[1:] == ["-m", "workers.drivers.proxmox.resolver"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = service_env(
+        sim,
+        PROXMOX_RESOLVER_ADDRESS="127.0.0.1",
+        PROXMOX_RESOLVER_LISTEN=f"127.0.0.1:{port}",
+        PROXMOX_RESOLVER_UPSTREAMS=upstream,
+    )
+    pve = driver_for(sim, resolve=Dns(), subnet=SUBNET, resolver_address="127.0.0.1")
+    _, vm = provisioned(sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("*.github.com",)))
+    service = SimpleNamespace(address=("127.0.0.1", port))
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                reply = ask(service, pve.config.address_of(vm.vmid), "api.github.com", tcp=True)
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "the resolver did not start"
+                time.sleep(0.2)
+        assert addresses(reply) == ["203.0.113.21"]
+        assert addresses(ask(service, pve.config.address_of(vm.vmid), "api.github.com")) == ["203.0.113.21"]
+        assert "203.0.113.21/32" in entries(vm)
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=10)
+    assert process.returncode == 0, output
+    assert f"answers on 127.0.0.1:{port}" in output
+
+
+def test_without_its_address_the_resolvers_process_idles(sim):
+    """Off on an engine without it (the LXC one's hosts), yet running: `make run` stops every process
+    once one ends."""
+    env = service_env(sim, PROXMOX_RESOLVER_ADDRESS="")
+    argv = [sys.executable, "-m", "workers.drivers.proxmox.resolver"]
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(1.5)
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=10)
+    assert "the Proxmox desktops' resolver is off" in output

@@ -81,6 +81,7 @@ class DesktopResolver(BaseResolver):
         self.clock = clock
         self.private = tuple(ipaddress.ip_network(c, strict=False) for c in config.private_cidrs)
         self._desktops: dict[int, Desktop] = {}
+        self._listed: tuple[float, list] | None = None
         self._lock = threading.Lock()
 
     # -- dnslib's entry point ------------------------------------------------------------------
@@ -147,7 +148,7 @@ class DesktopResolver(BaseResolver):
             known = self._desktops.get(vmid)
             if known is not None and now - known.read_at < self.config.resolver_policy_ttl:
                 return known
-        vm = next((v for v in self.pve.vms() if v.vmid == vmid), None)
+        vm = next((v for v in self._vms(now) if v.vmid == vmid), None)
         key = key_of(vm) if vm is not None else ""
         if not key:
             return None
@@ -170,6 +171,16 @@ class DesktopResolver(BaseResolver):
         with self._lock:
             self._desktops[vmid] = desktop
         return desktop
+
+    def _vms(self, now: float) -> list:
+        """The cluster's VMs, listed once for every desktop asking within the same while."""
+        with self._lock:
+            listed = self._listed
+        if listed is None or now - listed[0] >= self.config.resolver_policy_ttl:
+            listed = (now, self.pve.vms())
+            with self._lock:
+                self._listed = listed
+        return listed[1]
 
     def admit(self, desktop: Desktop, answered: dict[str, int]) -> None:
         """Put the answered addresses in the desktop's domains set until their TTL (and the grace) is up.
