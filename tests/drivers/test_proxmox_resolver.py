@@ -314,6 +314,30 @@ def test_without_an_upstream_answer_the_desktop_gets_a_failure_and_nothing_opens
     assert entries(vm) == {}
 
 
+def test_an_address_the_api_would_not_take_is_not_handed_out(sim, world):
+    pve, service = world
+    _, vm = provisioned(sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("*.github.com",)))
+    sim.fail_request("POST", r"/ipset/lb-domains$", 500, "cluster not ready - no quorum?")
+    reply = ask(service, pve.config.address_of(vm.vmid), "api.github.com")
+    assert (reply.header.rcode, reply.rr) == (RCODE.SERVFAIL, [])
+    assert entries(vm) == {}
+    # The next query, once the API takes it, gets its answer.
+    assert addresses(ask(service, pve.config.address_of(vm.vmid), "api.github.com")) == ["203.0.113.21"]
+
+
+def test_an_address_removed_meanwhile_is_put_back_when_asked_again(sim, world):
+    pve, service = world
+    key, vm = provisioned(sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",)))
+    source = pve.config.address_of(vm.vmid)
+    service.resolver.config = dataclasses.replace(pve.config, resolver_policy_ttl=3600)
+    ask(service, source, "short.allowed.test")  # TTL 1 s
+    time.sleep(2.1)
+    assert pve.refresh_allowed_domains() == {key: ("203.0.113.10/32",)}
+    # The resolver still believes it there, its time up: renewing finds it gone and adds it again.
+    assert addresses(ask(service, source, "short.allowed.test")) == ["203.0.113.13"]
+    assert "203.0.113.13/32" in entries(vm)
+
+
 def test_without_a_resolver_a_wildcard_is_refused_with_the_reason(sim):
     pve = driver_for(sim, resolve=Dns())
     spec = make_spec()

@@ -19,6 +19,10 @@ small service of the engine does what each LXC desktop's dnsmasq does (``lxc/res
   good for (the record's TTL, at most ``PROXMOX_RESOLVER_MAX_TTL``, plus a grace) in its comment; the
   engine's periodic refresh removes them once that has passed. No AAAA answer is given where the
   internet is closed: the firewall lets no IPv6 out.
+
+The API takes an address at once, but the node's firewall service loads the changed set on its next
+update, seconds later: a first connection may need its SYN's retries. An answer whose addresses the
+API would not take is SERVFAIL, never an address the desktop could not reach.
 """
 
 from __future__ import annotations
@@ -214,11 +218,17 @@ class DesktopResolver(BaseResolver):
                 desktop.entries[cidr] = until
 
     def _renew(self, ipset, desktop: Desktop, cidr: str, until: int) -> None:
-        self.pve.call(
-            f"allow {cidr} longer to VM {desktop.vmid}",
-            ipset(quote(cidr, safe="")).put,
-            comment=answered_comment(until),
-        )
+        try:
+            self.pve.call(
+                f"allow {cidr} longer to VM {desktop.vmid}",
+                ipset(quote(cidr, safe="")).put,
+                comment=answered_comment(until),
+            )
+        except DriverError:
+            # Removed meanwhile (its time was up, or the policy changed): put it back.
+            self.pve.call(
+                f"allow {cidr} to VM {desktop.vmid}", ipset.post, cidr=cidr, comment=answered_comment(until)
+            )
 
     def _private(self, address: str) -> bool:
         # The firewall drops these before anything allowed: adding them would open nothing.
