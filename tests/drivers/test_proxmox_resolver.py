@@ -416,3 +416,13 @@ def test_without_its_address_the_resolvers_process_idles(sim):
         process.terminate()
         output, _ = process.communicate(timeout=10)
     assert "the Proxmox desktops' resolver is off" in output
+
+
+def test_a_silent_tcp_connection_holds_up_no_one_and_is_closed(sim, world, monkeypatch):
+    monkeypatch.setattr("workers.drivers.proxmox.resolver.TCP_IDLE", 0.5)
+    pve, service = world
+    _, vm = provisioned(sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",)))
+    source = pve.config.address_of(vm.vmid)
+    with socket.create_connection(service.address, timeout=5, source_address=(source, 0)) as silent:
+        assert addresses(ask(service, source, "allowed.test", tcp=True)) == ["203.0.113.11"]
+        assert silent.recv(1) == b"", "the resolver kept a silent connection open"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 # stub asks again over TCP.
 PLAIN_UDP = 512
 EDNS_UDP = 1232
+# Seconds a TCP connection may take to bring its query.
+TCP_IDLE = 5.0
 
 
 @dataclass
@@ -278,16 +281,33 @@ class _Quiet:
         return lambda *args, **kwargs: None
 
 
+class _Handler(DNSHandler):
+    """dnslib's handler, with a deadline on TCP: a desktop holding connections open and silent would
+    otherwise hold a thread each for ever."""
+
+    def setup(self) -> None:
+        if isinstance(self.request, socket.socket):
+            self.request.settimeout(TCP_IDLE)
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except OSError as exc:
+            logger.info("DNS over TCP from %s dropped: %s", self.client_address[0], exc)
+
+
 class ResolverService:
     """The resolver on UDP and TCP, each served by threads of this process."""
 
     def __init__(self, config: ProxmoxConfig, pve: PveApi | None = None):
         host, port = config.resolver_bind
         self.resolver = DesktopResolver(config, pve)
-        self.udp = DNSServer(self.resolver, address=host, port=port, logger=_Quiet())
+        self.udp = DNSServer(self.resolver, address=host, port=port, logger=_Quiet(), handler=_Handler)
         # Port 0 (tests) is a free port: TCP takes the one UDP was given.
         port = self.udp.server.server_address[1]
-        self.tcp = DNSServer(self.resolver, address=host, port=port, tcp=True, logger=_Quiet())
+        self.tcp = DNSServer(
+            self.resolver, address=host, port=port, tcp=True, logger=_Quiet(), handler=_Handler
+        )
         self.address = (host, port)
 
     def start(self) -> ResolverService:
