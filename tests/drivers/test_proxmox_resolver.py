@@ -426,3 +426,18 @@ def test_a_silent_tcp_connection_holds_up_no_one_and_is_closed(sim, world, monke
     with socket.create_connection(service.address, timeout=5, source_address=(source, 0)) as silent:
         assert addresses(ask(service, source, "allowed.test", tcp=True)) == ["203.0.113.11"]
         assert silent.recv(1) == b"", "the resolver kept a silent connection open"
+
+
+def test_a_vm_made_before_the_resolver_gets_it_as_nameserver_with_its_next_policy(sim, world):
+    pve, _ = world
+    before = driver_for(sim, resolve=Dns(), subnet=SUBNET)
+    spec = make_spec()
+    vm = sim.vms[int(before.provision(spec).ref)]
+    assert "nameserver" not in vm.config
+    pve.apply_network_policy(spec.key, NetworkPolicy(allow_internet=False, allowed_domains=("*.github.com",)))
+    assert vm.config["nameserver"] == "127.0.0.1"
+    writes = len(sim.requests)
+    pve.apply_network_policy(spec.key, NetworkPolicy(allow_internet=False, allowed_domains=("*.github.com",)))
+    assert not [
+        r for r in sim.requests[writes:] if r[:2] == ("PUT", f"/nodes/{vm.node}/qemu/{vm.vmid}/config")
+    ]

@@ -172,7 +172,9 @@ class ProxmoxDriver(ComputeDriver):
         return instances
 
     def apply_network_policy(self, key: str, policy: NetworkPolicy) -> None:
-        self.machines.apply_firewall(self.pve.existing(key, "change the network policy of"), policy)
+        vm = self.pve.existing(key, "change the network policy of")
+        self.machines.ensure_nameserver(vm)
+        self.machines.apply_firewall(vm, policy)
 
     def console(self, key: str) -> ConsoleTicket:
         """The VM's emulated display through PVE: ``vncproxy`` opens it, ``vncwebsocket`` carries it.

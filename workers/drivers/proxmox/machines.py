@@ -123,6 +123,21 @@ class Machines:
             **dns,
         )
 
+    def ensure_nameserver(self, vm: PveVm) -> None:
+        """The resolver as the VM's cloud-init nameserver, for VMs made before it was configured: their
+        firewall sends DNS nowhere else, and cloud-init applies it at their next boot."""
+        wanted = self.config.resolver_address
+        if not wanted:
+            return
+        config = self.pve.call(f"read the config of VM {vm.vmid}", self.pve.vm(vm).config.get)
+        if config.get("nameserver") != wanted:
+            self.pve.call(
+                f"set the nameserver of VM {vm.vmid}",
+                self.pve.vm(vm).config.put,
+                nameserver=wanted,
+                digest=config.get("digest"),
+            )
+
     def apply_firewall(self, vm: PveVm, policy: NetworkPolicy) -> None:
         """VM firewall on, inbound only from the control plane, outbound per policy, never to desktops."""
         config = self.config
