@@ -19,6 +19,7 @@ no lookup in advance can list a wildcard's names.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import socket
 import time
@@ -172,7 +173,8 @@ def kept_entries(entries: Iterable[dict], cidrs: Iterable[str], now: float | Non
 
 
 def answered_comment(until: float) -> str:
-    return f"{ANSWERED_COMMENT}{int(until)}"
+    # Rounded up: never a moment shorter than the TTL.
+    return f"{ANSWERED_COMMENT}{math.ceil(until)}"
 
 
 def answered_until(comment: str) -> int | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import signal
 import socket
 import threading
@@ -199,7 +200,7 @@ class DesktopResolver(BaseResolver):
         with desktop.lock:
             for address, ttl in sorted(answered.items()):
                 cidr = f"{address}/32"
-                until = int(now + ttl + self.config.resolver_grace)
+                until = math.ceil(now + ttl + self.config.resolver_grace)
                 if cidr not in desktop.entries:
                     try:
                         self.pve.call(
