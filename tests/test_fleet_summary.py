@@ -8,7 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from desktops.models import ChatMessage, DesktopState, Role
-from tests.factories import DesktopFactory, history
+from tests.conftest import client_for
+from tests.factories import DesktopFactory, api_key_for, history, round_prices
 
 Status = ChatMessage.Status
 
@@ -55,16 +56,19 @@ def test_each_row_shows_the_agents_last_outcome(client, members, workspace, plan
     assert "No LLM key for OpenAI" in failing and "42 files" not in failing and "answered" not in failing
 
 
-def test_the_fleets_page_makes_as_many_queries_for_thirty_desktops_as_for_one(
+def test_the_fleets_page_and_list_make_as_many_queries_for_thirty_desktops_as_for_one(
     client, members, workspace, plan, settings
 ):
     # Nothing kept between the two loads: the fleet's spend is measured both times.
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}
+    round_prices(plan)  # the API shows each desktop's plan with its price
     client.force_login(members[Role.OWNER].user)
+    api = client_for(key=api_key_for(members[Role.OWNER]))
+    page = f"/w/{workspace.id}/desktops/"
 
     def add(n: int) -> None:
         for _ in range(n):
-            desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING)
+            desktop = DesktopFactory(workspace=workspace, plan=plan, state=DesktopState.RUNNING)
             now = timezone.now()
             history(
                 desktop, (now - timedelta(hours=2), DesktopState.PROVISIONING), (now, DesktopState.RUNNING)
@@ -72,12 +76,18 @@ def test_the_fleets_page_makes_as_many_queries_for_thirty_desktops_as_for_one(
             desktop.labels.create(name="ci")
             turn(desktop, "a task", Status.ERROR, "it failed")
 
-    def queries() -> int:
-        with CaptureQueriesContext(connection) as captured:
-            assert client.get(f"/w/{workspace.id}/desktops/").status_code == 200
-        return len(captured)
+    def queries() -> list[int]:
+        counts = []
+        for reader, url in ((client, page), (api, "/api/desktops")):
+            with CaptureQueriesContext(connection) as captured:
+                assert reader.get(url).status_code == 200
+            counts.append(len(captured))
+        return counts
 
     add(1)
+    # First visits write: the page remembers the workspace in the session, the key when it was used;
+    # later ones write nothing.
+    client.get(page), api.get("/api/desktops")
     one = queries()
     add(29)
     assert queries() == one

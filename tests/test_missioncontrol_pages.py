@@ -2,21 +2,11 @@
 
 import pytest
 from django.core import mail
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from desktops import approvals, services
 from desktops.audit import Actor
 from desktops.models import ApiKey, Approval, AuditEvent, DesktopState, Invitation, LLMKey, Role
-from tests.conftest import client_for
-from tests.factories import (
-    DesktopFactory,
-    MembershipFactory,
-    UserFactory,
-    api_key_for,
-    audit_event,
-    round_prices,
-)
+from tests.factories import DesktopFactory, MembershipFactory, UserFactory, audit_event
 
 
 def logged_in(client, membership):
@@ -309,30 +299,3 @@ def test_the_desktops_page_shows_which_desktops_wait_for_an_approval(client, mem
         approvals.approval_request(desktop=asking, title=title)
     page = logged_in(client, members[Role.VIEWER]).get(f"/w/{workspace.id}/desktops/").content.decode()
     assert page.count("approvals waiting") == 1 and "2 approvals waiting" in page
-
-
-def queries_for(client, url: str) -> int:
-    with CaptureQueriesContext(connection) as captured:
-        assert client.get(url).status_code == 200
-    return len(captured.captured_queries)
-
-
-def labelled_fleet(workspace, plan, count: int) -> None:
-    running = DesktopFactory.create_batch(count, workspace=workspace, plan=plan, state=DesktopState.RUNNING)
-    for desktop in running:
-        desktop.labels.create(name="ci")
-
-
-def test_the_fleet_list_costs_the_same_queries_for_two_desktops_or_forty(client, members, workspace, plan):
-    """A query per row would cost a thousand-desktop fleet seconds; and opening a page again writes
-    nothing (the session holds the same workspace already)."""
-    round_prices(plan)
-    labelled_fleet(workspace, plan, 2)
-    owner = members[Role.OWNER]
-    page, api = logged_in(client, owner), client_for(key=api_key_for(owner))
-    urls = (f"/w/{workspace.id}/desktops/", "/api/desktops")
-    # First visits write: the page remembers the workspace in the session, the key when it was used.
-    page.get(urls[0]), api.get(urls[1])
-    few = [queries_for(page, urls[0]), queries_for(api, urls[1])]
-    labelled_fleet(workspace, plan, 38)
-    assert [queries_for(page, urls[0]), queries_for(api, urls[1])] == few
