@@ -24,6 +24,7 @@ from desktops.audit import Actor
 from desktops.guest import control_plane_public_key, vnc_password, vnc_password_file
 from desktops.models import ApiKey, DesktopState, RelayTicket, Role
 from desktops.rfb import vnc_auth_response
+from tests.conftest import wait_for_idle_lifecycle_worker
 from tests.factories import DesktopFactory, MembershipFactory
 from tests.support import services as real
 from tests.support.relays import closed_with, mint, open_relay
@@ -398,6 +399,8 @@ async def test_destroying_the_desktop_closes_its_relays(desktop, member, celery_
     )
     code, reason = await closed_with(communicator)
     assert code == 4409 and "destroying" in reason
+    # The worker's destroy still writes: not while the next test's database is being emptied.
+    await sync_to_async(wait_for_idle_lifecycle_worker)()
 
 
 async def test_removing_the_member_closes_their_relays(desktop, member):
