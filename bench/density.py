@@ -74,7 +74,7 @@ def main() -> None:
     stopped = f"the cap of {args.cap} desktops"
     with control_plane("density", concurrency=args.workers) as stack:
         lift_limits(stack, args.cap)
-        bench = Bench(stack.base, stack.key, poll=0.5)
+        bench = Bench(stack)
         bench.http.mount("http://", HTTPAdapter(pool_maxsize=args.step))
         try:
             while len(bench.made) < args.cap:

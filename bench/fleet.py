@@ -31,6 +31,8 @@ from bench.stack import control_plane
 from bench.stats import percentile, summary
 
 GIVE_UP = 180  # seconds after which a create that is neither running nor refused counts as lost
+# Each create polls the API as a client would (its 5xx answers are counted), this often.
+POLL = 0.5
 SERVER_ERRORS: list[int] = []  # 5xx answers to the burst's polling
 
 
@@ -46,14 +48,14 @@ def create(bench: Bench, name: str) -> tuple[str, float | str]:
         response = bench.http.get(f"{bench.base}/api/desktops/{desktop_id}")
         if response.status_code >= 500:
             SERVER_ERRORS.append(response.status_code)  # counted and reported; the create goes on
-            time.sleep(bench.poll)
+            time.sleep(POLL)
             continue
         desktop = response.json()
         if desktop["state"] == "running":
             return name, time.perf_counter() - start
         if desktop["state"] == "error":
             return name, f"error: {desktop['lastError']}"
-        time.sleep(bench.poll)
+        time.sleep(POLL)
     return name, "lost"
 
 
@@ -73,7 +75,7 @@ def main() -> None:
     parser.add_argument("--idle-wait", type=float, default=20, help="seconds to let the fleet settle")
     args = parser.parse_args()
     with control_plane("fleet", concurrency=args.workers) as stack:
-        bench = Bench(stack.base, stack.key, poll=0.5)
+        bench = Bench(stack)
         bench.http.mount("http://", HTTPAdapter(pool_maxsize=args.burst))  # one connection per create
         try:
             wall = time.perf_counter()

@@ -377,7 +377,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=float, default=5)
     args = parser.parse_args()
     with control_plane("viewers", concurrency=4) as stack:
-        bench = Bench(stack.base, stack.key, poll=0.5)
+        bench = Bench(stack)
         try:
             with ThreadPoolExecutor(max_workers=args.desktops) as pool:
                 list(pool.map(lambda i: bench.create(f"viewed-{i:02d}"), range(args.desktops)))
