@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.database import django_setup  # noqa: E402
+from bench.database import WEB_ENV, django_setup  # noqa: E402
 
 django_setup()
 
@@ -112,7 +112,7 @@ def main() -> None:
             service_process(
                 "web",
                 [*daphne, str(web_port), "lebureau.asgi:application"],
-                dict(os.environ),
+                {**os.environ, **WEB_ENV},
                 logs,
                 lambda: port_open(web_port),
             ),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.database import django_setup  # noqa: E402
+from bench.database import WEB_ENV, django_setup, vacuum_analyze  # noqa: E402
 
 django_setup()
 
@@ -151,6 +151,7 @@ def main() -> None:
         )
         for i in range(args.desktops)
     )
+    vacuum_analyze("desktops_desktop")
     target = workspace.desktops.order_by("name").first()
     cookie = session_cookie(user)
     port = free_port()
@@ -158,7 +159,7 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         with service_process(
-            "daphne", web, dict(os.environ), Path(tempfile.mkdtemp()), lambda: port_open(port)
+            "daphne", web, {**os.environ, **WEB_ENV}, Path(tempfile.mkdtemp()), lambda: port_open(port)
         ):
             page = requests.Session()
             page.cookies.set(settings.SESSION_COOKIE_NAME, cookie)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.database import django_setup
+from bench.database import WEB_ENV, django_setup
 
 django_setup()
 
@@ -91,7 +91,7 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     lifecycle = [*worker, "-Q", queue, "-c", str(concurrency), "-n", f"lifecycle-{run}@%h"]
     chat = [*worker, "-Q", chat_queue, "--pool", "threads", "-c", "8", "-n", f"chat-{run}@%h"]
     web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
-    web_env = {**env, "DATABASE_POOL_MAX": "20"}  # as the Procfile's web process
+    web_env = {**env, **WEB_ENV}
     try:
         with (
             service_process(
