@@ -3,7 +3,9 @@
 What it is: every request is checked against the official API schema (``schema.py``), then served
 from in-memory state: nodes with memory and CPU, VMs with configs and digests, ``lock: clone``
 during a clone, UPID tasks that last a configurable time and can be made to fail, the guest agent
-answering some time after start, firewall options, rules and IP sets, ``vncproxy`` tickets and a
+answering some time after start, firewall options, rules and IP sets, each node's firewall log (its
+lines written as pvefw-logger writes them, for the packets a test says a VM sent and its firewall
+dropped: ``drop_outbound``), ``vncproxy`` tickets and a
 ``vncwebsocket`` that upgrades to a real WebSocket carrying a small RFB server behind VNC
 authentication (``console.py``), API token auth with privilege checks (PVE's own "and"/"or"/"perm"
 rules from the schema). Errors have PVE's shape: the message in the HTTP reason phrase and in
@@ -171,6 +173,8 @@ class Simulator:
         self._stolen_ids = 0
         self._task_faults: dict[str, list[str]] = {}
         self._vnc_tickets: dict[str, VncTicket] = {}
+        # Each node's /var/log/pve-firewall.log since its last rotation, line by line.
+        self.firewall_logs: dict[str, list[str]] = {name: [] for name in nodes}
         self.vnc_ticket_lifetime = VNC_TICKET_LIFETIME
         self.vnc_password_lifetime = VNC_PASSWORD_LIFETIME
         self._pids = itertools.count(0x1000)
@@ -236,6 +240,34 @@ class Simulator:
         """Root in the VM makes its guest agent report these addresses as well as its own."""
         with self.lock:
             self.vms[vmid].claimed_ips = addresses
+
+    def drop_outbound(
+        self, vmid: int, dest: str, *, dport: int = 443, rule_dest: str = "", at: float | None = None
+    ) -> bool:
+        """The VM sent a TCP SYN to ``dest`` and its firewall dropped it: by its outbound policy, or by
+        its DROP rule to ``rule_dest`` (an address or "+ipset"). Logged as PVE logs it, if the VM's
+        firewall says to (the policy's ``log_level_out``, the rule's ``log``); True when it was."""
+        with self.lock:
+            vm = self.vms[vmid]
+            if rule_dest:
+                rule = next(
+                    r
+                    for r in vm.fw_rules
+                    if (r["type"], r["action"], r.get("dest")) == ("out", "DROP", rule_dest)
+                )
+                level, message = rule.get("log", "nolog"), "DROP: "
+            else:
+                assert vm.fw_options.get("policy_out") == "DROP", f"VM {vmid}'s outbound policy drops nothing"
+                level, message = vm.fw_options.get("log_level_out", "nolog"), "policy DROP: "
+            if level == "nolog":
+                return False
+            self.firewall_logs[vm.node].append(firewall_log_line(vm, level, message, dest, dport, at))
+            return True
+
+    def log_firewall(self, node: str, line: str) -> None:
+        """A line of the node's firewall log as it stands (another VM's, pvefw-logger's own)."""
+        with self.lock:
+            self.firewall_logs[node].append(line)
 
     # -- server -------------------------------------------------------------------------------
 
@@ -622,6 +654,53 @@ def _fw_options_put(sim, params):
     vm.fw_options.update({k: v for k, v in params.items() if k not in ("node", "vmid", "digest", "delete")})
 
 
+# pvefw-logger's levels (syslog's), as a line's second field.
+LOG_LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4, "notice": 5, "info": 6, "debug": 7}
+
+
+def firewall_log_line(vm: Vm, level: str, message: str, dest: str, dport: int, at: float | None) -> str:
+    """What pvefw-logger writes for a VM's outbound TCP SYN its firewall dropped. The format is its own
+    (pve-firewall ``src/pvefw-logger.c``: ``<VMID> <LOGLEVEL> <CHAIN> <TIME> <TIMEZONE> <MSG>``, the time
+    in the node's zone); the message starts with the NFLOG prefix pve-firewall gives the rule
+    (``Firewall.pm``: "policy DROP: ", "DROP: "), then the packet as the logger prints it. The VM's tap
+    is bridged through its firewall bridge, so the packet goes in and out of ``fwbr<VMID>i0``."""
+    when = datetime.datetime.fromtimestamp(time.time() if at is None else at).astimezone()
+    stamp = f"{when.day:02d}/{when:%b}/{when.year}:{when:%H:%M:%S} {when:%z}"
+    source = re.match(r"ip=([0-9.]+)/", vm.config.get("ipconfig0", ""))
+    port, seq = secrets.randbelow(28000) + 32768, secrets.randbelow(2**32)
+    return (
+        f"{vm.vmid} {LOG_LEVELS[level]} tap{vm.vmid}i0-OUT {stamp} {message}"
+        f"IN=fwbr{vm.vmid}i0 OUT=fwbr{vm.vmid}i0 PHYSIN=tap{vm.vmid}i0 PHYSOUT=fwln{vm.vmid}i0 "
+        f"MAC=ff:ff:ff:ff:ff:ff:bc:24:11:00:00:01:08:00 "
+        f"SRC={source.group(1) if source else vm.ip} DST={dest} "
+        f"LEN=60 TOS=0x00 PREC=0x00 TTL=64 ID={secrets.randbelow(65536)} DF PROTO=TCP "
+        f"SPT={port} DPT={dport} SEQ={seq} ACK=0 WINDOW=64240 SYN "
+    )
+
+
+def _fw_log(sim: Simulator, params):
+    """As PVE's ``dump_fw_logfile``: the VM's lines (those starting with its VMID), numbered from 1;
+    ``start`` skips, ``limit`` takes (50 by default, 0 for all); ``since``/``until`` by each line's time
+    (PVE then reads the rotated files too: here there are none). No line at all reads "no content"."""
+    vm = sim._vm(params)
+    since, until = int(params.get("since", 0)), int(params.get("until", 0))
+    start, limit = int(params.get("start", 0)), int(params.get("limit", 50))
+    lines = []
+    for line in sim.firewall_logs[vm.node]:
+        if not line.startswith(f"{vm.vmid} "):
+            continue
+        if since or until:
+            words = line.split(" ")
+            at = datetime.datetime.strptime(f"{words[3]} {words[4]}", "%d/%b/%Y:%H:%M:%S %z").timestamp()
+            if (since and at < since) or (until and at > until):
+                continue
+        lines.append(line)
+    numbered = [{"n": n, "t": t} for n, t in enumerate(lines, 1)][start:]
+    if not lines:
+        return [{"n": 1, "t": "no content"}]
+    return numbered if limit == 0 else numbered[:limit]
+
+
 def _fw_rules_get(sim, params):
     return [{**rule, "pos": pos} for pos, rule in enumerate(sim._vm(params).fw_rules)]
 
@@ -772,6 +851,7 @@ ROUTES = {
     ("GET", "/nodes/{node}/tasks/{upid}/status"): _task_status,
     ("GET", f"{FW}/options"): _fw_options_get,
     ("PUT", f"{FW}/options"): _fw_options_put,
+    ("GET", f"{FW}/log"): _fw_log,
     ("GET", f"{FW}/rules"): _fw_rules_get,
     ("POST", f"{FW}/rules"): _fw_rules_post,
     ("DELETE", f"{FW}/rules/{{pos}}"): _fw_rule_delete,

@@ -71,6 +71,9 @@ class ProxmoxConfig:
     # Seconds the resolver trusts what it read of a VM (its policy, its set) before reading it again.
     resolver_policy_ttl: float = 5.0
     resolver_upstream_timeout: float = 3.0
+    # Seconds between two writes of the names the resolver refused a VM (into its firewall, see
+    # ``blocked``): a burst of refused look-ups costs one write per this while, not one each.
+    resolver_refused_interval: float = 5.0
     api_timeout: int = 30
     task_timeout: float = 600.0
     agent_timeout: float = 300.0
@@ -167,6 +170,9 @@ class ProxmoxConfig:
             resolver_max_ttl=env.int("PROXMOX_RESOLVER_MAX_TTL", defaults["resolver_max_ttl"]),
             resolver_grace=env.int("PROXMOX_RESOLVER_GRACE", defaults["resolver_grace"]),
             resolver_policy_ttl=env.float("PROXMOX_RESOLVER_POLICY_TTL", defaults["resolver_policy_ttl"]),
+            resolver_refused_interval=env.float(
+                "PROXMOX_RESOLVER_REFUSED_INTERVAL", defaults["resolver_refused_interval"]
+            ),
             api_timeout=env.int("PROXMOX_API_TIMEOUT", defaults["api_timeout"]),
             task_timeout=env.float("PROXMOX_TASK_TIMEOUT", defaults["task_timeout"]),
             agent_timeout=env.float("PROXMOX_AGENT_TIMEOUT", defaults["agent_timeout"]),

@@ -20,6 +20,7 @@ from urllib.parse import quote
 from workers.drivers.base import (
     NOT_RESUMABLE,
     NOT_SUSPENDABLE,
+    BlockedEgress,
     ComputeDriver,
     ConsoleTicket,
     ControlPlane,
@@ -33,8 +34,8 @@ from workers.drivers.base import (
     check_spec,
     no_progress,
 )
-from workers.drivers.proxmox import pool
-from workers.drivers.proxmox.api import PveApi, checked_key, desktop_tags, key_of, vm_name
+from workers.drivers.proxmox import blocked, pool
+from workers.drivers.proxmox.api import PveApi, PveVm, checked_key, desktop_tags, key_of, vm_name
 from workers.drivers.proxmox.config import ProxmoxConfig
 from workers.drivers.proxmox.firewall import (
     DOMAINS,
@@ -175,6 +176,38 @@ class ProxmoxDriver(ComputeDriver):
         vm = self.pve.existing(key, "change the network policy of")
         self.machines.ensure_nameserver(vm)
         self.machines.apply_firewall(vm, policy)
+
+    def blocked_egress(self, key: str) -> BlockedEgress | None:
+        """The names the desktops' resolver refused the VM (kept on its firewall) and the packets its
+        firewall dropped on their way out (PVE's firewall log), per address: see ``blocked``."""
+        vm = self.pve.find(checked_key(key))
+        if vm is None:
+            return None
+        firewall = self.pve.vm(vm).firewall
+        sets = self.pve.call(f"list the IP sets of VM {vm.vmid}", firewall.ipset.get)
+        comment = next((s.get("comment", "") for s in sets if s["name"] == blocked.REFUSED), "")
+        # A VM whose firewall predates the record: every line of its VMID is taken as its own.
+        since, names = blocked.refused_record(comment) or (0, [])
+        lines = self._firewall_log(vm, firewall)
+        return BlockedEgress(
+            names=tuple((n.name, n.count) for n in names),
+            addresses=tuple(blocked.dropped(lines, vm.vmid, since, time.time())),
+        )
+
+    def _firewall_log(self, vm: PveVm, firewall) -> list[str]:
+        """The VM's lines of its node's current firewall log, page by page (PVE's default is 50 lines)."""
+        lines: list[str] = []
+        for page in range(blocked.LOG_PAGES):
+            got = self.pve.call(
+                f"read the firewall log of VM {vm.vmid}",
+                firewall.log.get,
+                start=page * blocked.LOG_PAGE,
+                limit=blocked.LOG_PAGE,
+            )
+            lines += [line["t"] for line in got]
+            if len(got) < blocked.LOG_PAGE:
+                break
+        return lines
 
     def console(self, key: str) -> ConsoleTicket:
         """The VM's emulated display through PVE: ``vncproxy`` opens it, ``vncwebsocket`` carries it.

@@ -14,6 +14,10 @@ With the desktops' resolver (``resolver``) the VM's DNS may go to it alone, and 
 it answers to the same set, each entry's comment saying until when (the record's TTL): the refresh
 removes them once that has passed. Wildcards (``*.example.com``) can only be allowed that way, since
 no lookup in advance can list a wildcard's names.
+
+Every packet dropped on the way out is logged (``blocked``): the option ``log_level_out`` for the policy,
+each DROP rule's ``log`` for the rest. The set ``lb-refused`` is made with the firewall and left alone
+after: the desktops' resolver keeps there the names it refused the VM.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from proxmoxer import ResourceException
+
 from workers.drivers.base import DriverError, NetworkPolicy, TransientDriverError
+from workers.drivers.proxmox.api import pve_message
+from workers.drivers.proxmox.blocked import LOG_LEVEL, REFUSED, refused_comment
 
 CONTROL, ALLOWED, DOMAINS, PRIVATE = "lb-control", "lb-allowed", "lb-domains", "lb-private"
 # PVE's own set for a NIC's allowed source addresses (with the `ipfilter` option): only the address
@@ -44,7 +52,7 @@ _DOMAIN = re.compile(
 # A domain name -> its IPv4 addresses; raises OSError (socket.gaierror) when the lookup fails.
 Resolver = Callable[[str], Iterable[str]]
 # The fields of a rule the driver sets, the ones compared to decide whether rules changed.
-RULE_FIELDS = ("type", "action", "proto", "dport", "source", "dest", "enable", "comment")
+RULE_FIELDS = ("type", "action", "proto", "dport", "source", "dest", "enable", "log", "comment")
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ def firewall_plan(
             "macfilter": 1,
             "policy_in": "DROP",
             "policy_out": "ACCEPT" if policy.allow_internet else "DROP",
+            "log_level_out": LOG_LEVEL,
         },
         ipsets=ipsets,
         rules=tuple(rules),
@@ -139,6 +148,14 @@ def apply_firewall(vm_api, plan: FirewallPlan) -> None:
             converge_ipset(ipset, kept_entries(present, cidrs), present)
             continue
         converge_ipset(ipset, cidrs)
+    if REFUSED not in existing:
+        # Empty and in no rule: only its comment matters, the resolver's from now on (which makes it
+        # itself for a VM whose firewall predates it, maybe just now).
+        try:
+            firewall.ipset.post(name=REFUSED, comment=refused_comment(int(time.time()), ()))
+        except ResourceException as exc:
+            if "already exist" not in pve_message(exc):
+                raise
     current = firewall.rules.get()
     if [_comparable(r) for r in sorted(current, key=lambda r: r["pos"])] != list(plan.rules):
         for pos, rule in enumerate(plan.rules):
@@ -223,6 +240,8 @@ def resolve_ipv4(domain: str) -> tuple[str, ...]:
 
 def _rule(direction: str, action: str, dport: str = "", proto: str = "tcp", **address: str) -> dict[str, str]:
     rule = {"type": direction, "action": action, "enable": "1", "comment": COMMENT, **address}
+    if (direction, action) == ("out", "DROP"):
+        rule["log"] = LOG_LEVEL  # a blocked attempt, counted from the firewall's log
     if dport:
         rule.update(proto=proto, dport=dport)
     return rule

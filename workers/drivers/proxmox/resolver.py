@@ -20,6 +20,12 @@ small service of the engine does what each LXC desktop's dnsmasq does (``lxc/res
   engine's periodic refresh removes them once that has passed. No AAAA answer is given where the
   internet is closed: the firewall lets no IPv6 out.
 
+- **What it refused**: each name answered "no such domain" because the policy does not allow it is
+  counted for that VM, and written (with the earlier ones, the last ``blocked.REFUSED_KEPT``) into the
+  VM's own firewall, where the engine reads it back on any host (``blocked``): at once, then at most once
+  per ``PROXMOX_RESOLVER_REFUSED_INTERVAL`` per VM, in the background, so a burst costs few writes and
+  no answer waits for them.
+
 The API takes an address at once, but the node's firewall service loads the changed set on its next
 update, seconds later: a first connection may need its SYN's retries. An answer whose addresses the
 API would not take is SERVFAIL, never an address the desktop could not reach.
@@ -42,6 +48,14 @@ from dnslib.server import BaseResolver, DNSHandler, DNSServer
 
 from workers.drivers.base import DriverError
 from workers.drivers.proxmox.api import PveApi, key_of
+from workers.drivers.proxmox.blocked import (
+    REFUSED,
+    REFUSED_KEPT,
+    clean_name,
+    recorded,
+    refused_comment,
+    refused_record,
+)
 from workers.drivers.proxmox.config import ProxmoxConfig
 from workers.drivers.proxmox.firewall import DOMAINS, answered_comment, answered_until, domains_of
 
@@ -91,6 +105,14 @@ class DesktopResolver(BaseResolver):
         self._desktops: dict[int, Desktop] = {}
         self._listed: tuple[float, list] | None = None
         self._lock = threading.Lock()
+        # The names refused each VM not written yet (vmid -> name -> (look-ups, the last's time)), the
+        # VM's node, when each VM's were last written (monotonic), and the writes waiting their turn.
+        self._refused: dict[int, dict[str, tuple[int, int]]] = {}
+        self._nodes: dict[int, str] = {}
+        self._refused_written: dict[int, float] = {}
+        self._writes: dict[int, threading.Timer] = {}
+        # One write at a time: each reads the record, adds to it and puts it back.
+        self._record_lock = threading.Lock()
 
     # -- dnslib's entry point ------------------------------------------------------------------
 
@@ -121,6 +143,7 @@ class DesktopResolver(BaseResolver):
         if not desktop.allow_internet:
             if not allows(desktop.domains, name):
                 logger.info("no such domain for %s: %s is not allowed", desktop.key, name)
+                self.refused(desktop, name)
                 return _rcode(reply, RCODE.NXDOMAIN)
             if request.q.qtype == QTYPE.AAAA:
                 return reply
@@ -234,6 +257,76 @@ class DesktopResolver(BaseResolver):
                 f"allow {cidr} to VM {desktop.vmid}", ipset.post, cidr=cidr, comment=answered_comment(until)
             )
 
+    # -- what it refused -------------------------------------------------------------------------
+
+    def refused(self, desktop: Desktop, name: str) -> None:
+        """Count a refused name for the VM; its write is due at once, or once the interval since the
+        VM's last one has passed."""
+        name, now = clean_name(name), int(self.clock())
+        with self._lock:
+            pending = self._refused.setdefault(desktop.vmid, {})
+            count, _ = pending.get(name, (0, now))
+            pending[name] = (count + 1, now)
+            if len(pending) > REFUSED_KEPT:  # a flood of names: the record keeps the latest anyway
+                del pending[min(pending, key=lambda n: pending[n][1])]
+            self._nodes[desktop.vmid] = desktop.node
+            if desktop.vmid in self._writes:
+                return
+            written = self._refused_written.get(desktop.vmid, -math.inf)
+            delay = max(0.0, written + self.config.resolver_refused_interval - time.monotonic())
+            timer = threading.Timer(delay, self._write_refused, args=(desktop.vmid,))
+            timer.daemon = True
+            self._writes[desktop.vmid] = timer
+        timer.start()
+
+    def flush(self) -> None:
+        """Write every VM's refused names now (the service stopping)."""
+        with self._lock:
+            waiting = list(self._writes.items())
+        for vmid, timer in waiting:
+            timer.cancel()
+            self._write_refused(vmid)
+
+    def _write_refused(self, vmid: int) -> None:
+        with self._record_lock:
+            with self._lock:
+                self._writes.pop(vmid, None)
+                pending, node = self._refused.pop(vmid, {}), self._nodes.get(vmid)
+                self._refused_written[vmid] = time.monotonic()
+            if not pending or node is None:
+                return
+            firewall = self.pve.api.nodes(node).qemu(vmid).firewall
+            try:
+                sets = self.pve.call(f"list the IP sets of VM {vmid}", firewall.ipset.get)
+                comment = next((s.get("comment", "") for s in sets if s["name"] == REFUSED), None)
+                # Made here for a VM whose firewall predates the record: its log lines are all its own,
+                # as the engine took them before.
+                since, names = (comment is not None and refused_record(comment)) or (0, [])
+                record = refused_comment(since, recorded(names, pending))
+                if comment is None:
+                    self.pve.call(
+                        f"record what VM {vmid} was refused",
+                        firewall.ipset.post,
+                        name=REFUSED,
+                        comment=record,
+                    )
+                else:
+                    self.pve.call(
+                        f"record what VM {vmid} was refused",
+                        firewall.ipset.post,
+                        name=REFUSED,
+                        rename=REFUSED,
+                        comment=record,
+                    )
+            except DriverError as exc:
+                # Counted again with the next refused name (a VM gone meanwhile takes them with it).
+                logger.warning("could not record what VM %s was refused: %s", vmid, exc.message)
+                with self._lock:
+                    later = self._refused.setdefault(vmid, {})
+                    for name, (count, last) in pending.items():
+                        more, latest = later.get(name, (0, last))
+                        later[name] = (count + more, max(last, latest))
+
     def _private(self, address: str) -> bool:
         # The firewall drops these before anything allowed: adding them would open nothing.
         ip = ipaddress.ip_address(address)
@@ -320,6 +413,7 @@ class ResolverService:
         for server in (self.udp, self.tcp):
             server.stop()
             server.server.server_close()
+        self.resolver.flush()
 
 
 def main() -> None:
