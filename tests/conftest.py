@@ -300,3 +300,13 @@ def close_stray_connections(django_db_setup, django_db_blocker):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture
+def sim():
+    """A running PVE simulator (tests/pve), stopped after the test."""
+    from tests.pve.support import simulator
+
+    sim = simulator()
+    yield sim
+    sim.stop()

@@ -21,7 +21,7 @@ from tests.drivers.test_proxmox_resolver import (  # noqa: F401 (upstream: a fix
     upstream,
 )
 from tests.factories import DesktopFactory
-from tests.pve.support import driver_for, make_spec, needs_schema, simulator
+from tests.pve.support import driver_for, make_spec, needs_schema
 from workers.drivers.base import BlockedEgress, NetworkPolicy
 from workers.drivers.proxmox import blocked
 from workers.drivers.proxmox.resolver import ResolverService
@@ -29,13 +29,6 @@ from workers.drivers.proxmox.resolver import ResolverService
 pytestmark = needs_schema
 
 ALLOW_LIST = NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
-
-
-@pytest.fixture
-def sim():
-    sim = simulator()
-    yield sim
-    sim.stop()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.pve.support import driver_for, make_spec, needs_schema, simulator
+from tests.pve.support import driver_for, make_spec, needs_schema
 from workers.drivers.base import DriverError, NetworkPolicy, TransientDriverError
 
 pytestmark = needs_schema
@@ -25,13 +25,6 @@ class Dns:
         if domain not in self.answers:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return self.answers[domain]
-
-
-@pytest.fixture
-def sim():
-    sim = simulator()
-    yield sim
-    sim.stop()
 
 
 def provisioned(sim, pve, policy: NetworkPolicy | None = None):

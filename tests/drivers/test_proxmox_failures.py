@@ -16,13 +16,6 @@ pytestmark = needs_schema
 
 
 @pytest.fixture
-def sim():
-    sim = simulator()
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture
 def pve(sim):
     return driver_for(sim)
 

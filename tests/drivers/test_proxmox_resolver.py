@@ -23,7 +23,7 @@ from dnslib.server import DNSServer
 from dnslib.zoneresolver import ZoneResolver
 
 from tests.drivers.test_proxmox_domains import Dns, rules_out
-from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
+from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema
 from workers.drivers.base import DriverError, NetworkPolicy
 from workers.drivers.proxmox.resolver import ResolverService, _Quiet
 
@@ -64,13 +64,6 @@ def upstream():
     yield f"127.0.0.1:{server.server.server_address[1]}"
     server.stop()
     server.server.server_close()
-
-
-@pytest.fixture
-def sim():
-    sim = simulator()
-    yield sim
-    sim.stop()
 
 
 @pytest.fixture

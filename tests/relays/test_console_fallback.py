@@ -11,18 +11,11 @@ from desktops.engines import engine
 from desktops.models import DesktopState, Role
 from tests.conftest import client_for
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
-from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema, simulator
+from tests.pve.support import CONTROL_CIDR, TEMPLATE, driver_for, make_spec, needs_schema
 from tests.support import services as real
 from tests.support.relays import closed_with, mint, open_relay
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("close_stray_connections")]
-
-
-@pytest.fixture
-def sim():
-    sim = simulator()
-    yield sim
-    sim.stop()
 
 
 @pytest.fixture
