@@ -131,11 +131,17 @@ def sshd(workdir: Path, authorized_key: str):
     if not host_key.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
     (workdir / "authorized_keys").write_text(authorized_key + "\n")
+    # The sessions' home is the server's own, as a desktop's user has its own: bash run by sshd reads
+    # ~/.bashrc, and the host's (a pyenv init there) must not run in every session; a rehash killed
+    # half-way as a session ends leaves a lock that stalls every later session for a minute.
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
     config = workdir / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
         f"AuthorizedKeysFile {workdir / 'authorized_keys'}\nPidFile {workdir / 'sshd.pid'}\n"
         "PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\n"
+        f"SetEnv HOME={home}\n"
     )
     Path("/run/sshd").mkdir(exist_ok=True)
     with running(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], port):
