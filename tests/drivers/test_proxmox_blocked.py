@@ -14,9 +14,9 @@ from desktops.egress_blocked import blocked_attempts_of, blocked_attempts_record
 from desktops.engines import engine
 from tests.drivers.test_proxmox_domains import Dns
 from tests.drivers.test_proxmox_resolver import (  # noqa: F401 (upstream: a fixture)
-    SUBNET,
     ask,
     provisioned,
+    resolver_world,
     service_env,
     upstream,
 )
@@ -24,7 +24,6 @@ from tests.factories import DesktopFactory
 from tests.pve.support import driver_for, make_spec, needs_schema
 from workers.drivers.base import BlockedEgress, NetworkPolicy
 from workers.drivers.proxmox import blocked
-from workers.drivers.proxmox.resolver import ResolverService
 
 pytestmark = needs_schema
 
@@ -33,18 +32,9 @@ ALLOW_LIST = NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test"
 
 @pytest.fixture
 def world(sim, upstream):  # noqa: F811 (the fixture imported above)
-    options = {
-        "subnet": SUBNET,
-        "resolver_address": "127.0.0.1",
-        "resolver_listen": "127.0.0.1:0",
-        "resolver_upstreams": (upstream,),
-        "resolver_policy_ttl": 0.0,
-        "resolver_refused_interval": 0.0,
-    }
-    pve = driver_for(sim, resolve=Dns({"allowed.test": ("203.0.113.10",)}), **options)
-    service = ResolverService(pve.config).start()
-    yield pve, service
-    service.stop()
+    dns = Dns({"allowed.test": ("203.0.113.10",)})
+    with resolver_world(sim, upstream, dns, resolver_refused_interval=0.0) as found:
+        yield found
 
 
 def eventually(check, seconds: float = 5.0):

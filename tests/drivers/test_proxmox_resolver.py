@@ -8,6 +8,7 @@ holds each VM's firewall, where the resolver adds what it answered.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -66,24 +67,30 @@ def upstream():
     server.server.server_close()
 
 
-@pytest.fixture
-def world(sim, upstream):
+@contextlib.contextmanager
+def resolver_world(sim, upstream: str, dns: Dns, **options):
     """A driver whose desktops resolve through a resolver running on loopback, and that resolver."""
-    # The control plane's own lookups (in advance, for the names without a wildcard).
-    dns = Dns({"allowed.test": ("203.0.113.10",), "github.com": ("203.0.113.20",)})
-    options = {
+    defaults = {
         "subnet": SUBNET,
         "resolver_address": "127.0.0.1",
         "resolver_listen": "127.0.0.1:0",
         "resolver_upstreams": (upstream,),
         "resolver_policy_ttl": 0.0,
-        "resolver_max_ttl": 300,
-        "resolver_grace": 0,
     }
-    pve = driver_for(sim, resolve=dns, **options)
+    pve = driver_for(sim, resolve=dns, **defaults | options)
     service = ResolverService(pve.config).start()
-    yield pve, service
-    service.stop()
+    try:
+        yield pve, service
+    finally:
+        service.stop()
+
+
+@pytest.fixture
+def world(sim, upstream):
+    # The control plane's own lookups (in advance, for the names without a wildcard).
+    dns = Dns({"allowed.test": ("203.0.113.10",), "github.com": ("203.0.113.20",)})
+    with resolver_world(sim, upstream, dns, resolver_max_ttl=300, resolver_grace=0) as found:
+        yield found
 
 
 def provisioned(sim, pve, policy: NetworkPolicy):
