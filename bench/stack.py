@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.database import WEB_ENV, django_setup
+from bench.database import WEB_ENV, WEB_NICE, django_setup
 
 django_setup()
 
@@ -90,7 +90,8 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
     lifecycle = [*worker, "-Q", queue, "-c", str(concurrency), "-n", f"lifecycle-{run}@%h"]
     chat = [*worker, "-Q", chat_queue, "--pool", "threads", "-c", "8", "-n", f"chat-{run}@%h"]
-    web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
+    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
+    web = ["nice", "-n", WEB_NICE, *daphne]
     web_env = {**env, **WEB_ENV}
     try:
         with (
