@@ -12,7 +12,7 @@ import pytest
 from desktops.guest import vnc_password
 from tests.drivers.test_lxc_contract import TEST_CONFIG, _spec, remove_network, ssh
 from tests.drivers.test_lxc_contract import pytestmark as lxc_marks
-from tests.support.rfb import grab_framebuffer
+from tests.support.rfb import desktop_name, grab_framebuffer
 from workers.drivers.base import ControlPlane, InstanceState, PoolShape
 from workers.drivers.lxc import LxcDriver
 
@@ -72,6 +72,7 @@ def test_a_create_takes_the_booted_desktop_and_becomes_it(pool, control_key):
     assert pool.usage(spec.key) is not None
     # Its screen opens with the desktop's own VNC password, written at the claim, and no other's.
     assert grab_framebuffer(status.private_ip, vnc_password(spec.key, "view"))[:2] == (1280, 800)
+    assert desktop_name(status.private_ip, vnc_password(spec.key, "view")) == "pooled"
     with pytest.raises(AssertionError, match="security handshake failed"):
         grab_framebuffer(status.private_ip, vnc_password("dsk_another", "view"))
 

@@ -32,34 +32,52 @@ def wait_for_a_drawn_screen(
         time.sleep(0.5)
 
 
+def _connect(ip: str, port: int):
+    conn = socket.create_connection((ip, port), timeout=10)
+    conn.settimeout(10)
+
+    def read(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = conn.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the VNC server closed the connection")
+            data += chunk
+        return data
+
+    return conn, read
+
+
+def _handshake(conn: socket.socket, read, password: bytes | None) -> tuple[int, int, str]:
+    """Version, security and initialisation: the screen's width, height and desktop name."""
+    version = read(12)
+    assert version.startswith(b"RFB 003.00"), version
+    conn.sendall(b"RFB 003.008\n")
+    types = read(read(1)[0])
+    wanted = 2 if password is not None else 1
+    assert wanted in types, f"security type {wanted} not offered: {list(types)}"
+    conn.sendall(bytes([wanted]))
+    if password is not None:
+        conn.sendall(vnc_des(password, read(16)))
+    assert struct.unpack(">I", read(4))[0] == 0, "security handshake failed"
+    conn.sendall(b"\x01")  # ClientInit: shared, so the operator's viewer stays connected
+    width, height = struct.unpack(">HH", read(4))
+    read(16)  # the server's pixel format
+    return width, height, read(struct.unpack(">I", read(4))[0]).decode()
+
+
+def desktop_name(ip: str, password: bytes | None, port: int = 5900) -> str:
+    """The name the VNC server gives its desktop (a viewer's title)."""
+    conn, read = _connect(ip, port)
+    with conn:
+        return _handshake(conn, read, password)[2]
+
+
 def grab_framebuffer(ip: str, password: bytes | None, port: int = 5900) -> tuple[int, int, bytes]:
     """A minimal RFB 3.8 client: VNC authentication or none, 32-bit true colour, one Raw update."""
-    with socket.create_connection((ip, port), timeout=10) as conn:
-        conn.settimeout(10)
-
-        def read(n: int) -> bytes:
-            data = b""
-            while len(data) < n:
-                chunk = conn.recv(n - len(data))
-                if not chunk:
-                    raise ConnectionError("the VNC server closed the connection")
-                data += chunk
-            return data
-
-        version = read(12)
-        assert version.startswith(b"RFB 003.00"), version
-        conn.sendall(b"RFB 003.008\n")
-        types = read(read(1)[0])
-        wanted = 2 if password is not None else 1
-        assert wanted in types, f"security type {wanted} not offered: {list(types)}"
-        conn.sendall(bytes([wanted]))
-        if password is not None:
-            conn.sendall(vnc_des(password, read(16)))
-        assert struct.unpack(">I", read(4))[0] == 0, "security handshake failed"
-        conn.sendall(b"\x01")  # ClientInit: shared, so the operator's viewer stays connected
-        width, height = struct.unpack(">HH", read(4))
-        read(16)  # the server's pixel format, replaced just below
-        read(struct.unpack(">I", read(4))[0])  # desktop name
+    conn, read = _connect(ip, port)
+    with conn:
+        width, height, _ = _handshake(conn, read, password)
         pixel_format = struct.pack(">BBBBHHHBBBxxx", 32, 24, 0, 1, 255, 255, 255, 16, 8, 0)
         conn.sendall(b"\x00xxx" + pixel_format)  # SetPixelFormat
         conn.sendall(struct.pack(">BxHi", 2, 1, 0))  # SetEncodings: Raw only

@@ -290,7 +290,12 @@ class LxcDriver(ComputeDriver):
                 self.store.alias(spec.key, name)
                 base = self.store.dir(spec.key)
                 guest_files.assign(base / "rootfs", spec, id_base=self.config.id_base)
-                self.lxc.tool("lxc-attach", name, "--", "hostname", guest_hostname(spec.hostname))
+                hostname = guest_hostname(spec.hostname)
+                self.lxc.tool("lxc-attach", name, "--", "hostname", hostname)
+                # The screen's name too (a viewer's title), which Xvnc took from the hostname at boot.
+                self.lxc.tool(
+                    "lxc-attach", name, "--", "env", "DISPLAY=:0", "vncconfig", "-set", f"desktop={hostname}"
+                )
                 del meta["pool"]
                 meta.update(key=spec.key, container=name, **_policy_fields(spec.network_policy))
                 self.store.write(spec.key, meta)
