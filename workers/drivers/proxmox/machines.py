@@ -4,6 +4,7 @@ boot it and learn its address."""
 from __future__ import annotations
 
 import contextlib
+import random
 import re
 import time
 from urllib.parse import quote
@@ -48,13 +49,16 @@ class Machines:
         if self.config.full_clone and self.config.clone_storage:
             params["storage"] = self.config.clone_storage
         source = self.pve.vm(template)
-        for _ in range(self.config.nextid_attempts):
+        for attempt in range(self.config.nextid_attempts):
             vmid = int(self.pve.call("pick a VMID", self.pve.api.cluster.nextid.get))
             try:
                 upid = source.clone.post(newid=vmid, **params)
             except ResourceException as exc:
-                # nextid is not a reservation: another worker may have taken it since.
+                # nextid is not a reservation: another worker may have taken it since. Creates that
+                # collided would ask again in step and collide again (of twenty at once, one ran out
+                # of tries): each waits a random while first.
                 if _ALREADY_EXISTS.search(pve_message(exc)):
+                    time.sleep(random.uniform(0, 0.05 * (attempt + 1)))  # noqa: S311 (not a secret)
                     continue
                 raise self.pve.error(f"clone template {template.vmid}", exc) from exc
             vm = PveVm(vmid, node, name, "stopped", (), "clone")
