@@ -172,7 +172,9 @@ def connect(url: str, ticket: str | None):
     return websockets.connect(url, max_size=None, origin="http://127.0.0.1", subprotocols=protocols)
 
 
-async def relayed(url: str, ticket: str | None, updates: int, pings: int, encoding: int, pgid: int):
+async def relayed(
+    url: str, ticket: str | None, updates: int, pings: int, encoding: int, pgid: int | None = None
+):
     async with connect(url, ticket) as ws:
         return await measure(RfbReader(ws.recv), ws.send, updates, pings, encoding, pgid)
 
@@ -300,12 +302,7 @@ def main() -> None:
                 for name, encoding in (("Raw", RAW), ("ZRLE", ZRLE)):
                     direct_run = asyncio.run(direct(vnc_port, args.updates, args.pings, encoding))
                     relay = relayed(
-                        f"{base}/vnc",
-                        mint(user, desktop).vnc,
-                        args.updates,
-                        args.pings,
-                        encoding,
-                        ours_process.pid,
+                        f"{base}/vnc", mint(user, desktop).vnc, args.updates, args.pings, encoding
                     )
                     runs[name] = (direct_run, asyncio.run(relay))
                 ours = median_cost(
