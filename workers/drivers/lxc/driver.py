@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import secrets
+import shlex
 import shutil
 import socket
 from pathlib import Path
@@ -290,12 +291,11 @@ class LxcDriver(ComputeDriver):
                 self.store.alias(spec.key, name)
                 base = self.store.dir(spec.key)
                 guest_files.assign(base / "rootfs", spec, id_base=self.config.id_base)
-                hostname = guest_hostname(spec.hostname)
-                self.lxc.tool("lxc-attach", name, "--", "hostname", hostname)
-                # The screen's name too (a viewer's title), which Xvnc took from the hostname at boot.
-                self.lxc.tool(
-                    "lxc-attach", name, "--", "env", "DISPLAY=:0", "vncconfig", "-set", f"desktop={hostname}"
-                )
+                # The screen's name too (a viewer's title), which Xvnc took from the hostname at boot;
+                # one attach for both, on the path of a create.
+                hostname = shlex.quote(guest_hostname(spec.hostname))
+                rename = f"hostname {hostname} && DISPLAY=:0 vncconfig -set desktop={hostname}"
+                self.lxc.tool("lxc-attach", name, "--", "sh", "-c", rename)
                 del meta["pool"]
                 meta.update(key=spec.key, container=name, **_policy_fields(spec.network_policy))
                 self.store.write(spec.key, meta)
