@@ -43,21 +43,22 @@ def test_memory_filled_past_the_threshold_raises_an_alert_live_acknowledged_once
 
     run(desktop, FILL)
     deadline = time.monotonic() + 60
-    while not Alert.objects.filter(desktop=desktop).exists():
+    # Filling memory also burns CPU: with no sustained time, a CPU alert may come too; this is about memory.
+    while not Alert.objects.filter(desktop=desktop, kind="memory").exists():
         assert time.monotonic() < deadline, "no alert raised"
         celery_app.send_task("workers.tasks.alerts_evaluate")
         time.sleep(2)
-    raised = page.locator("#alerts li.alert.open")
+    raised = page.locator("#alerts li.alert.open", has_text="of its plan's memory")
     expect(raised).to_contain_text("hungry uses", timeout=15000)
     expect(raised).to_contain_text("of its plan's memory (alert from 25%)")
     screenshot(page, "alerts-01-raised")
 
     raised.locator("button[name=acknowledge]").click()
-    expect(page.locator("#alerts")).to_contain_text("No alert.", timeout=15000)
+    expect(raised).to_have_count(0, timeout=15000)
     screenshot(page, "alerts-02-acknowledged")
-    alert = Alert.objects.get(desktop=desktop)
+    alert = Alert.objects.get(desktop=desktop, kind="memory")
     assert (alert.kind, alert.status, alert.acknowledged_by) == ("memory", "acknowledged", member.user)
     # Still full, the same spell: not raised again.
     assert desktop_resource_usage(desktop).memory_bytes > limit
-    assert alerts.alerts_evaluate() == {}
-    assert Alert.objects.filter(desktop=desktop).count() == 1
+    alerts.alerts_evaluate()
+    assert Alert.objects.filter(desktop=desktop, kind="memory").count() == 1

@@ -6,6 +6,7 @@ The desktops here are rows only (no engine runs them): these tests are about the
 import pytest
 from playwright.sync_api import expect
 
+from desktops import approvals
 from desktops.models import ApiKey, ChatMessage, DesktopState, Role
 from tests.e2e.conftest import log_in, screenshot
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
@@ -42,6 +43,27 @@ def test_the_viewers_tabs_take_the_chats_place_and_enter_sends(page, site, works
         ChatMessage.objects.get(desktop=desktop, author="operator").content == "Première ligne\nseconde ligne"
     )
     screenshot(page, "pages-01-chat-enter")
+
+
+def test_a_comment_being_typed_survives_the_live_list_reloading(page, site, workspace, plan):
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="asking-desk")
+    first = approvals.approval_request(desktop=desktop, title="Pousser la branche")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    log_in(page, site, member.user.email)
+    page.goto(f"{site}/w/{workspace.id}/approvals/")
+    comment = page.locator(f"li[data-approval={first.id}] input[name=comment]")
+    comment.fill("Oui, mais pas de force-push")
+
+    # Another request arrives while the operator types: the list is fetched again around the field.
+    approvals.approval_request(desktop=desktop, title="Vider le cache")
+    expect(page.locator("li.approval.pending")).to_have_count(2, timeout=15000)
+    expect(comment).to_have_value("Oui, mais pas de force-push")
+    expect(comment).to_be_focused()
+    page.keyboard.type(" ce soir")
+    page.locator(f"li[data-approval={first.id}] button[value=approve]").click()
+    expect(page.locator("li.approval.pending")).to_have_count(1, timeout=15000)
+    first.refresh_from_db()
+    assert (first.status, first.comment) == ("approved", "Oui, mais pas de force-push ce soir")
 
 
 @pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])

@@ -6,10 +6,39 @@ import { onOpen, workspaceEvents } from "./events.js";
 
 const REFRESH = 30000;
 
+// A field is known across reloads by its form's action and its name (an approval's comment box).
+const fieldKey = (field) => `${field.form?.getAttribute("action")} ${field.name}`;
+
+// Put the new list in place without losing what the person was typing: a comment half-written when
+// another request arrives (or the half-minute refresh comes) stays, with the focus and the caret.
+function replaceKeepingInput(box, html) {
+  const typed = new Map();
+  for (const field of box.querySelectorAll("input[name], textarea[name]")) {
+    if (field.value !== field.defaultValue) typed.set(fieldKey(field), field.value);
+  }
+  const active = box.contains(document.activeElement) ? document.activeElement : null;
+  const focused = active?.name ? fieldKey(active) : null;
+  const caret = [active?.selectionStart, active?.selectionEnd];
+  box.innerHTML = html;
+  for (const field of box.querySelectorAll("input[name], textarea[name]")) {
+    const key = fieldKey(field);
+    if (typed.has(key)) field.value = typed.get(key);
+    if (key === focused) {
+      field.focus();
+      if (caret[0] != null) field.setSelectionRange(...caret);
+    }
+  }
+}
+
 for (const box of document.querySelectorAll("[data-live]")) {
+  let latest = 0;
   const reload = async () => {
+    // Of reloads that overlap, only the last one asked is shown: an older answer never wins.
+    const asked = ++latest;
     const response = await fetch(box.dataset.src, { credentials: "same-origin" });
-    if (response.ok) box.innerHTML = await response.text();
+    if (!response.ok) return;
+    const html = await response.text();
+    if (asked === latest) replaceKeepingInput(box, html);
   };
   box.addEventListener("submit", async (event) => {
     event.preventDefault();
