@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.database import WEB_ENV, django_setup  # noqa: E402
+from bench.database import django_setup  # noqa: E402
+from bench.procfile import procfile_command  # noqa: E402
 
 django_setup()
 
@@ -98,21 +99,20 @@ def main() -> None:
     )
     cookie = session_cookie(user)
     guest_port, web_port = free_port(), free_port()
-    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p"]
     logs = Path(tempfile.mkdtemp())
     try:
         with (
             service_process(
                 "guest",
-                [*daphne, str(guest_port), "lebureau.guest_asgi:application"],
-                dict(os.environ),
+                procfile_command("guest"),
+                {**os.environ, "GUEST_HOST": "127.0.0.1", "GUEST_PORT": str(guest_port)},
                 logs,
                 lambda: port_open(guest_port),
             ),
             service_process(
                 "web",
-                [*daphne, str(web_port), "lebureau.asgi:application"],
-                {**os.environ, **WEB_ENV},
+                procfile_command("web"),
+                {**os.environ, "PORT": str(web_port)},
                 logs,
                 lambda: port_open(web_port),
             ),

@@ -13,10 +13,6 @@ import psycopg
 from psycopg import sql
 
 DEFAULT = "postgres://postgres@127.0.0.1:5432/lebureau_bench"
-# The web process's environment and niceness as the Procfile sets them: its requests borrow pooled
-# connections, and it runs ahead of the desktops and the workers.
-WEB_ENV = {"DATABASE_POOL_MAX": "20"}
-WEB_NICE = "-10"
 
 
 def django_setup() -> None:

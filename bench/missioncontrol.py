@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.database import WEB_ENV, django_setup, vacuum_analyze  # noqa: E402
+from bench.database import django_setup, vacuum_analyze  # noqa: E402
+from bench.procfile import procfile_command  # noqa: E402
 
 django_setup()
 
@@ -155,11 +156,14 @@ def main() -> None:
     target = workspace.desktops.order_by("name").first()
     cookie = session_cookie(user)
     port = free_port()
-    web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
     base = f"http://127.0.0.1:{port}"
     try:
         with service_process(
-            "daphne", web, {**os.environ, **WEB_ENV}, Path(tempfile.mkdtemp()), lambda: port_open(port)
+            "web",
+            procfile_command("web"),
+            {**os.environ, "PORT": str(port)},
+            Path(tempfile.mkdtemp()),
+            lambda: port_open(port),
         ):
             page = requests.Session()
             page.cookies.set(settings.SESSION_COOKIE_NAME, cookie)

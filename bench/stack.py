@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.database import WEB_ENV, WEB_NICE, django_setup
+from bench.database import django_setup
+from bench.procfile import procfile_command
 
 django_setup()
 
@@ -90,16 +91,15 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
     lifecycle = [*worker, "-Q", queue, "-c", str(concurrency), "-n", f"lifecycle-{run}@%h"]
     chat = [*worker, "-Q", chat_queue, "--pool", "threads", "-c", "8", "-n", f"chat-{run}@%h"]
-    daphne = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "lebureau.asgi:application"]
-    web = ["nice", "-n", WEB_NICE, *daphne]
-    web_env = {**env, **WEB_ENV}
     try:
         with (
             service_process(
                 "worker", lifecycle, env, logs, lambda: workers_answering(celery_app, f"lifecycle-{run}@")
             ),
             service_process("chat", chat, env, logs, lambda: workers_answering(celery_app, f"chat-{run}@")),
-            service_process("daphne", web, web_env, logs, lambda: port_open(port)),
+            service_process(
+                "web", procfile_command("web"), {**env, "PORT": str(port)}, logs, lambda: port_open(port)
+            ),
         ):
             try:
                 yield Stack(f"http://127.0.0.1:{port}", key, user, workspace)
