@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def procfile_command(name: str) -> list[str]:
-    """Process `name` of the Procfile, run through the shell as honcho runs it (which expands its
-    `${VAR:-default}`s from the environment: PORT, HOST, GUEST_PORT …)."""
-    return ["sh", "-c", parse_procfile((ROOT / "Procfile").read_text()).processes[name]]
+    """Process `name` of the Procfile, its `${VAR:-default}`s expanded by the shell from the environment
+    (PORT, HOST, GUEST_PORT …) as honcho does."""
+    # The shell replaces itself (exec), and env sets the line's leading assignments: the process a bench
+    # stops is the server itself, not a shell that would leave it running.
+    return ["sh", "-c", "exec env " + parse_procfile((ROOT / "Procfile").read_text()).processes[name]]
