@@ -1,7 +1,7 @@
 // The desktops list, live: one server-sent event stream for the workspace updates each row.
 // Its words come from Django's JavaScript catalogue (gettext, ngettext, interpolate), loaded before it.
 import { confirmDestroy } from "./destroy_dialog.js";
-import { onOpen, workspaceEvents } from "./events.js";
+import { onOpen, reloader, workspaceEvents } from "./events.js";
 
 const table = document.getElementById("desktops-table");
 const workspace = table.dataset.workspace;
@@ -14,17 +14,20 @@ function setText(row, field, text) {
   if (el) el.textContent = text;
 }
 
-async function reloadRows() {
-  // Rows and summary as the server has them now (a new desktop, an agent's outcome), filters kept.
-  const response = await fetch(location.href, { credentials: "same-origin" });
-  if (!response.ok) return;
-  const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-  const checked = new Set([...rows.querySelectorAll('input[name="desktops"]:checked')].map((b) => b.value));
-  rows.replaceChildren(...fresh.getElementById("desktop-rows").children);
-  rows.querySelectorAll('input[name="desktops"]').forEach((b) => (b.checked = checked.has(b.value)));
-  for (const id of ["fleet-summary", "desktop-count"]) document.getElementById(id).replaceWith(fresh.getElementById(id));
-  bindSelection();
-}
+// Rows and summary as the server has them now (a new desktop, an agent's outcome), filters kept.
+const reloadRows = reloader(
+  () => location.href,
+  (html) => {
+    const fresh = new DOMParser().parseFromString(html, "text/html");
+    const checked = new Set([...rows.querySelectorAll('input[name="desktops"]:checked')].map((b) => b.value));
+    rows.replaceChildren(...fresh.getElementById("desktop-rows").children);
+    rows.querySelectorAll('input[name="desktops"]').forEach((b) => (b.checked = checked.has(b.value)));
+    for (const id of ["fleet-summary", "desktop-count"]) {
+      document.getElementById(id).replaceWith(fresh.getElementById(id));
+    }
+    bindSelection();
+  },
+);
 
 // Many events can come at once (a bulk start, a streaming answer): one reload for a burst of them.
 let reloadTimer = null;

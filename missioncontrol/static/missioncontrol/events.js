@@ -12,3 +12,16 @@ export function onOpen(stream, handler) {
   stream.addEventListener("open", handler);
   if (stream.readyState === EventSource.OPEN) handler();
 }
+
+// A part of the page fetched again on events, which come in bursts: of fetches that overlap, only the
+// answer to the last one asked is applied, so an older answer never overwrites a newer one.
+export function reloader(url, apply) {
+  let latest = 0;
+  return async () => {
+    const asked = ++latest;
+    const response = await fetch(url(), { credentials: "same-origin" });
+    if (!response.ok) return;
+    const html = await response.text();
+    if (asked === latest) apply(html);
+  };
+}

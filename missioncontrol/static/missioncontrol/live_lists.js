@@ -2,7 +2,7 @@
 // fetched again from its data-src whenever one of the events its data-live names happens in the
 // workspace (its event stream says so), and every half-minute for the times it shows. Its forms are
 // sent without leaving the page, so the desktop viewer keeps its screen and terminal open.
-import { onOpen, workspaceEvents } from "./events.js";
+import { onOpen, reloader, workspaceEvents } from "./events.js";
 
 const REFRESH = 30000;
 
@@ -31,15 +31,10 @@ function replaceKeepingInput(box, html) {
 }
 
 for (const box of document.querySelectorAll("[data-live]")) {
-  let latest = 0;
-  const reload = async () => {
-    // Of reloads that overlap, only the last one asked is shown: an older answer never wins.
-    const asked = ++latest;
-    const response = await fetch(box.dataset.src, { credentials: "same-origin" });
-    if (!response.ok) return;
-    const html = await response.text();
-    if (asked === latest) replaceKeepingInput(box, html);
-  };
+  const reload = reloader(
+    () => box.dataset.src,
+    (html) => replaceKeepingInput(box, html),
+  );
   box.addEventListener("submit", async (event) => {
     event.preventDefault();
     const form = event.target;

@@ -6,7 +6,7 @@ import RFB from "../vendor/novnc/core/rfb.js";
 import { Terminal } from "../vendor/xterm/xterm.mjs";
 import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
 import { confirmDestroy } from "./destroy_dialog.js";
-import { onOpen, workspaceEvents } from "./events.js";
+import { onOpen, reloader, workspaceEvents } from "./events.js";
 
 const root = document.getElementById("viewer");
 const desktopId = root.dataset.desktop;
@@ -579,10 +579,10 @@ function applyChat(event) {
 
 // Who watches and who has control: fetched anew whenever someone opens or closes a relay here.
 const watchers = document.getElementById("watchers");
-async function loadWatchers() {
-  const response = await fetch(watchers.dataset.url, { credentials: "same-origin" });
-  if (response.ok) watchers.innerHTML = await response.text();
-}
+const loadWatchers = reloader(
+  () => watchers.dataset.url,
+  (html) => (watchers.innerHTML = html),
+);
 
 const chatStream = workspaceEvents(root.dataset.workspace);
 chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.data)));
