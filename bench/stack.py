@@ -24,6 +24,7 @@ from billing.models import Tier  # noqa: E402
 from billing.services import subscription_set  # noqa: E402
 from desktops import services  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
+from desktops.models import Desktop, DesktopState  # noqa: E402
 from lebureau.celery import app as celery_app  # noqa: E402
 from lebureau.settings import chat_routes  # noqa: E402
 from tests.support.services import (  # noqa: E402
@@ -125,3 +126,8 @@ def clear_leftovers() -> None:
         p.parent.name for p in driver.config.state_dir.glob("*/meta.json")
     }:
         driver.destroy(key)
+    # Their rows too: left in a step, they would count as another workspace's steps waiting for a
+    # worker, and hold the next run's creates to the per-workspace cap (lifecycle.desktop_step_slot).
+    Desktop.objects.filter(engine_instance=driver.instance_id).exclude(state=DesktopState.DESTROYED).update(
+        state=DesktopState.DESTROYED, step_until=None, step_holder=""
+    )

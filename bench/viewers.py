@@ -388,7 +388,7 @@ def main() -> None:
             # The same API with the same desktops animating, nobody watching: what the viewers add.
             unwatched = api_times(stack.base, stack.key, time.time() + args.seconds / 2)
             viewers = viewer_tickets(stack, desktops, args.viewers)
-            web = group_running("daphne", stack.base.rsplit(":", 1)[1])
+            web = group_running("lebureau.asgi:application", stack.base.rsplit(":", 1)[1])
             start = time.time() + args.warm_up
             end = start + args.seconds
             receiving, sending = multiprocessing.Pipe(duplex=False)
