@@ -4,9 +4,9 @@
 
 Runs each bench below one after the other (they would skew each other's figures side by side),
 collects the figures they record (`bench/report.py`), and prints one table: each figure, its value,
-the target it is held to, pass or fail, the previous run's value, and the command that produced it.
-The run is written to `docs/benchmarks/<date>-<time>.md` (and `.json`, which the next run reads as
-its previous one), with the machine it ran on. Exits non-zero when a bench failed or a figure
+the target it is held to, pass or fail, its value in the last run that measured it, and the command
+that produced it. The run is written to `docs/benchmarks/<date>-<time>.md` (and `.json`, which later
+runs read), with the machine it ran on. Exits non-zero when a bench failed or a figure
 missed its target.
 """
 
@@ -105,11 +105,13 @@ def run_bench(name: str, arguments: list[str], logs: Path) -> Outcome:
     return Outcome(name, command, returncode, time.monotonic() - start, figures, log)
 
 
-def previous_run(before: str) -> dict[str, dict]:
-    runs = sorted(p for p in RESULTS.glob("*.json") if p.stem < before)
-    if not runs:
-        return {}
-    return {figure["name"]: figure for figure in json.loads(runs[-1].read_text())["figures"]}
+def previous_figures(before: str) -> dict[str, dict]:
+    """Each figure as the last earlier run that measured it had it: a run of `--only` some benches
+    leaves the others' last values where they were."""
+    last = {}
+    for run in sorted(p for p in RESULTS.glob("*.json") if p.stem < before):
+        last.update({figure["name"]: figure for figure in json.loads(run.read_text())["figures"]})
+    return last
 
 
 def number(value: float | None, unit: str = "") -> str:
@@ -157,7 +159,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="bench-run-"))
     host = machine()
     outcomes = [run_bench(name, BENCHES[name], logs) for name in (args.only or BENCHES)]
-    previous = previous_run(stamp)
+    previous = previous_figures(stamp)
     lines = [
         f"# Benchmarks, {stamp}",
         "",
