@@ -4,8 +4,13 @@ delivery by delivery.
 
 Signature: `X-LeBureau-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">` under the
 workspace's webhook secret, with the timestamp in `X-LeBureau-Timestamp` (a receiver refuses old ones,
-so a captured call cannot be replayed later). The webhook never reaches private, loopback or link-local
-addresses (the host's services, cloud metadata) unless WEBHOOK_ALLOW_PRIVATE says so.
+so a captured call cannot be replayed later).
+
+A webhook never reaches private, loopback or link-local addresses (the host's services, cloud metadata),
+save the networks WEBHOOK_ALLOWED_NETWORKS names. Its name is resolved once per attempt and the call goes
+to the address that was checked (a name that answers public, then private, gains nothing); redirects
+are not followed; and of the receiver's answer only the status is kept, so a delivery log shows a
+tenant nothing of what answered.
 """
 
 from __future__ import annotations
@@ -17,10 +22,9 @@ import json
 import secrets
 import socket
 import time
-import urllib.error
-import urllib.request
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
+import urllib3
 from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
@@ -35,8 +39,14 @@ from desktops.queue import WEBHOOK_DELIVER, enqueue
 from desktops.selectors import workspace_get
 
 Status = WebhookDelivery.Status
-# What a receiver answers is kept this long in the log, at most.
+# Why an attempt failed is kept this long in the log, at most.
 KEPT_ERROR = 500
+# IPv6 forms that carry an IPv4 address (mapped, compatible, NAT64, 6to4, Teredo): a gateway on the way
+# delivers them to that address, whatever `is_global` says of the IPv6 one.
+EMBEDDING_IPV4 = tuple(
+    ipaddress.ip_network(prefix)
+    for prefix in ("::ffff:0:0/96", "::/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32")
+)
 
 
 class DeliveryFailed(Exception):
@@ -102,28 +112,23 @@ def webhook_attempt(*, delivery_id: str, last: bool) -> None:
     stamp = str(int(time.time()))
     secret = crypto.secret_decrypt(delivery.workspace.webhook_secret_encrypted)
     signature = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    request = urllib.request.Request(  # noqa: S310 (http(s) only: _check_url)
-        delivery.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "LeBureau-Webhook/1",
-            "X-LeBureau-Event": delivery.event,
-            "X-LeBureau-Delivery": delivery.id,
-            "X-LeBureau-Timestamp": stamp,
-            "X-LeBureau-Signature": f"sha256={signature}",
-        },
-    )
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "LeBureau-Webhook/1",
+        "X-LeBureau-Event": delivery.event,
+        "X-LeBureau-Delivery": delivery.id,
+        "X-LeBureau-Timestamp": stamp,
+        "X-LeBureau-Signature": f"sha256={signature}",
+    }
     status, error = None, ""
     try:
-        _check_url(delivery.url, field="url")
-        with urllib.request.urlopen(request, timeout=settings.WEBHOOK_TIMEOUT) as response:  # noqa: S310
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        status, error = exc.code, exc.read(KEPT_ERROR).decode(errors="replace")
-    except (OSError, Invalid) as exc:
-        error = getattr(exc, "message", None) or str(exc)
+        status = _post(delivery.url, body, headers)
+    except Invalid as exc:
+        error = exc.message
+    except (OSError, urllib3.exceptions.HTTPError) as exc:
+        error = str(exc)
+    if status is not None and 300 <= status < 400:
+        error = _("The receiver answered with a redirect, and webhooks follow none: give its final address.")
     delivered = status is not None and 200 <= status < 300
     with transaction.atomic():
         WebhookDelivery.objects.filter(id=delivery.id).update(
@@ -137,20 +142,56 @@ def webhook_attempt(*, delivery_id: str, last: bool) -> None:
         raise DeliveryFailed(f"{delivery.url} answered {status or error}")
 
 
-def _check_url(url: str, *, field: str) -> None:
-    """http(s), and (unless allowed) no address of the host, its private networks or cloud metadata."""
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
+    """POST to the address the URL's name was checked at (never resolved again), following no redirect;
+    the status of the answer, whose body is not read."""
+    parts, address = _check_url(url, field="url")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    options = {
+        "port": parts.port,
+        "timeout": urllib3.Timeout(connect=settings.WEBHOOK_TIMEOUT, read=settings.WEBHOOK_TIMEOUT),
+        "retries": False,
+    }
+    if parts.scheme == "https":
+        # The certificate is checked against the name, while the connection goes to the address.
+        options.update(server_hostname=parts.hostname, assert_hostname=parts.hostname)
+    pool_class = urllib3.HTTPSConnectionPool if parts.scheme == "https" else urllib3.HTTPConnectionPool
+    with pool_class(address, **options) as pool:
+        response = pool.urlopen(
+            "POST",
+            parts._replace(scheme="", netloc="").geturl() or "/",
+            body=body,
+            headers={**headers, "Host": f"{host}:{parts.port}" if parts.port else host},
+            redirect=False,
+            preload_content=False,
+        )
+        response.release_conn()
+        return response.status
+
+
+def _check_url(url: str, *, field: str) -> tuple[SplitResult, str]:
+    """http(s), and an address that is neither the host's, nor of its private networks or cloud metadata
+    (save the allowed networks): the URL's parts and the address to connect to."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         message = _("Give an http:// or https:// address.")
         raise Invalid(message, fields={field: [message]})
-    if settings.WEBHOOK_ALLOW_PRIVATE:
-        return
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, parts.port or 443)}
-    except OSError as exc:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        found = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as exc:
         message = _("%(host)s cannot be resolved.") % {"host": parts.hostname}
         raise Invalid(message, fields={field: [message]}) from exc
-    for address in addresses:
-        if not ipaddress.ip_address(address.split("%")[0]).is_global:
-            message = _("A webhook may not point at a private, loopback or link-local address.")
-            raise Invalid(message, fields={field: [message]})
+    addresses = [info[4][0] for info in found]
+    # Every address the name has must pass: a resolver may hand any of them out next time.
+    if not all(_reachable(ipaddress.ip_address(address.split("%")[0])) for address in addresses):
+        message = _("A webhook may not point at a private, loopback or link-local address.")
+        raise Invalid(message, fields={field: [message]})
+    return parts, addresses[0]
+
+
+def _reachable(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if any(address in network for network in settings.WEBHOOK_ALLOWED_NETWORKS):
+        return True
+    embedding = address.version == 6 and any(address in network for network in EMBEDDING_IPV4)
+    return address.is_global and not address.is_multicast and not embedding

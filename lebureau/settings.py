@@ -4,6 +4,7 @@ Typed helpers fail loudly: a missing secret or a malformed value stops start-up
 with the variable's name instead of running half-configured.
 """
 
+import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -273,10 +274,11 @@ LIFECYCLE_REQUEUE_AFTER = env.int("LIFECYCLE_REQUEUE_AFTER", 120)
 LIFECYCLE_STUCK_AFTER = env.int("LIFECYCLE_STUCK_AFTER", 1800)
 ORPHAN_GRACE = env.int("ORPHAN_GRACE", 3600)
 # Webhooks (approvals): how long a receiver may take to answer, how many times a delivery is tried,
-# and whether they may point at private, loopback or link-local addresses (tests, closed networks).
+# and the private, loopback or link-local networks they may reach all the same (a receiver on a closed
+# network, the tests' own): CIDRs, comma-separated.
 WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", 10.0)
 WEBHOOK_ATTEMPTS = env.int("WEBHOOK_ATTEMPTS", 8)
-WEBHOOK_ALLOW_PRIVATE = env.bool("WEBHOOK_ALLOW_PRIVATE", False)
+WEBHOOK_ALLOWED_NETWORKS = env.list("WEBHOOK_ALLOWED_NETWORKS", [], subcast=ipaddress.ip_network)
 # Requests for approval nobody answered in time are refused.
 CELERY_BEAT_SCHEDULE["approvals-expire"] = {
     "task": "workers.tasks.approvals_expire",

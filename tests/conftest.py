@@ -188,7 +188,7 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
         LXC_HOST_TCP_PORTS=f"{SCRIPTED_MODEL_PORT},{GUEST_PORT},{BRIDGE_PAGE_PORT}",
         GUEST_URL=GUEST_URL,
         # The suite's webhook receivers listen on loopback.
-        WEBHOOK_ALLOW_PRIVATE="true",
+        WEBHOOK_ALLOWED_NETWORKS="127.0.0.1/32",
         CHAT_STALE_AFTER="3",
     )
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]

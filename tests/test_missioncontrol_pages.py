@@ -1,5 +1,7 @@
 """Mission Control pages: role checks on every page and action, and what each one does."""
 
+import ipaddress
+
 import pytest
 from django.core import mail
 
@@ -268,7 +270,7 @@ def test_the_approval_queue_shows_what_is_asked_and_only_the_policys_roles_answe
 def test_admins_set_the_approval_policy_and_webhook_and_see_its_secret_once(
     client, members, workspace, settings
 ):
-    settings.WEBHOOK_ALLOW_PRIVATE = True  # a receiver on loopback
+    settings.WEBHOOK_ALLOWED_NETWORKS = [ipaddress.ip_network("127.0.0.1/32")]  # a receiver on loopback
     policy = {
         "approval_role": "admin",
         "approval_timeout": "15",
