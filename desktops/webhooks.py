@@ -152,10 +152,11 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
         "timeout": urllib3.Timeout(connect=settings.WEBHOOK_TIMEOUT, read=settings.WEBHOOK_TIMEOUT),
         "retries": False,
     }
+    pool_class = urllib3.HTTPConnectionPool
     if parts.scheme == "https":
         # The certificate is checked against the name, while the connection goes to the address.
+        pool_class = urllib3.HTTPSConnectionPool
         options.update(server_hostname=parts.hostname, assert_hostname=parts.hostname)
-    pool_class = urllib3.HTTPSConnectionPool if parts.scheme == "https" else urllib3.HTTPConnectionPool
     with pool_class(address, **options) as pool:
         response = pool.urlopen(
             "POST",
