@@ -396,13 +396,25 @@ class ResolverService:
     def __init__(self, config: ProxmoxConfig, pve: PveApi | None = None):
         host, port = config.resolver_bind
         self.resolver = DesktopResolver(config, pve)
-        self.udp = DNSServer(self.resolver, address=host, port=port, logger=_Quiet(), handler=_Handler)
-        # Port 0 (tests) is a free port: TCP takes the one UDP was given.
-        port = self.udp.server.server_address[1]
-        self.tcp = DNSServer(
-            self.resolver, address=host, port=port, tcp=True, logger=_Quiet(), handler=_Handler
+        # Port 0 (tests) is a free port: TCP takes the one UDP was given, and where that one is
+        # taken for TCP (another program's connection), another pair is tried.
+        attempts = 1 if port else 20
+        for attempt in range(attempts):
+            self.udp = self._server(host, port, tcp=False)
+            try:
+                self.tcp = self._server(host, self.udp.server.server_address[1], tcp=True)
+            except OSError:
+                self.udp.server.server_close()
+                if attempt == attempts - 1:
+                    raise
+            else:
+                break
+        self.address = (host, self.udp.server.server_address[1])
+
+    def _server(self, host: str, port: int, *, tcp: bool) -> DNSServer:
+        return DNSServer(
+            self.resolver, address=host, port=port, tcp=tcp, logger=_Quiet(), handler=_Handler
         )
-        self.address = (host, port)
 
     def start(self) -> ResolverService:
         self.udp.start_thread()
