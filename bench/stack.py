@@ -26,7 +26,7 @@ from desktops import services  # noqa: E402
 from desktops.audit import Actor  # noqa: E402
 from desktops.models import Desktop, DesktopState  # noqa: E402
 from lebureau.celery import app as celery_app  # noqa: E402
-from lebureau.settings import chat_routes  # noqa: E402
+from lebureau.settings import task_routes  # noqa: E402
 from tests.support.services import (  # noqa: E402
     free_port,
     patched_environ,
@@ -77,21 +77,32 @@ def control_plane(name: str, *, concurrency: int, env: dict[str, str] | None = N
     _, key = services.api_key_create(actor=actor, workspace_id=workspace.id, name="bench", scope="write")
     logs = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     port = free_port()
-    chat_queue = f"{queue}-chat"
+    chat_queue, notify_queue = f"{queue}-chat", f"{queue}-notify"
     env = {
         **os.environ,
         **BENCH_LXC,
         "CELERY_BROKER_URL": BROKER,
         "CELERY_QUEUE": queue,
         "CELERY_CHAT_QUEUE": chat_queue,
+        "CELERY_NOTIFY_QUEUE": notify_queue,
         **(env or {}),
     }
     celery_app.conf.broker_url = BROKER
     celery_app.conf.task_default_queue = queue
-    celery_app.conf.task_routes = chat_routes(chat_queue)
+    celery_app.conf.task_routes = task_routes(chat_queue, notify_queue)
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
     lifecycle = [*worker, "-Q", queue, "-c", str(concurrency), "-n", f"lifecycle-{run}@%h"]
-    chat = [*worker, "-Q", chat_queue, "--pool", "threads", "-c", "8", "-n", f"chat-{run}@%h"]
+    chat = [
+        *worker,
+        "-Q",
+        f"{chat_queue},{notify_queue}",
+        "--pool",
+        "threads",
+        "-c",
+        "8",
+        "-n",
+        f"chat-{run}@%h",
+    ]
     try:
         with (
             service_process(

@@ -345,7 +345,7 @@ def _raise(desktop: Desktop, finding: Finding) -> Alert | None:
                 kind=alert.kind,
             )
             _publish(alert)
-            enqueue(ALERT_EMAIL, alert_id=alert.id)
+            enqueue(ALERT_EMAIL, alert_id=alert.id, workspace_id=desktop.workspace_id)
     except IntegrityError:  # another evaluation raised it meanwhile
         return None
     return alert

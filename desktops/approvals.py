@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from datetime import timedelta
 
 from django.conf import settings
@@ -35,6 +36,7 @@ from desktops.webhooks import webhook_notify
 Status = Approval.Status
 MAX_TITLE = 200
 MAX_DETAILS = 64 * 1024
+MAX_CWD = 1000
 MAX_COMMENT = 2000
 # The longest a request may wait, whatever the agent asks: a day.
 MAX_TIMEOUT = 24 * 3600
@@ -95,6 +97,12 @@ def _command_patterns(commands: list[str]) -> list[str]:
     return patterns
 
 
+def approval_role_needed(workspace: Workspace) -> Role:
+    """Who may answer: the policy's role, never below the one that may take control of the desktops
+    (approving lets the agent act on them)."""
+    return max(Role(workspace.approval_role), Role(workspace.control_role), key=lambda role: role.rank)
+
+
 def approval_digest(*, desktop_id: str, title: str, details: str, cwd: str) -> str:
     """What an approval is bound to; the `bureau` helper in the desktop computes the same."""
     canonical = json.dumps([desktop_id, title, details, cwd], ensure_ascii=False, separators=(",", ":"))
@@ -109,6 +117,19 @@ def desktop_by_token(token: str) -> Desktop | None:
     return live.select_related("workspace").filter(agent_token_hash=api_token_hash(token)).first()
 
 
+def _hidden_character(text: str) -> str | None:
+    """The first character that shows nothing or reorders what follows (bidi and zero-width controls, and
+    control characters but tab and newlines): the approver reads the request as the digest binds it."""
+    return next(
+        (
+            c
+            for c in text
+            if unicodedata.category(c) == "Cf" or (unicodedata.category(c) == "Cc" and c not in "\t\n\r")
+        ),
+        None,
+    )
+
+
 def approval_request(
     *, desktop: Desktop, title: str, details: str = "", cwd: str = "", timeout: int | None = None
 ) -> Approval:
@@ -118,6 +139,14 @@ def approval_request(
         errors["title"] = [_("Give a title of 1 to %(n)s characters.") % {"n": MAX_TITLE}]
     if len(details) > MAX_DETAILS:
         errors["details"] = [_("The details may hold %(n)s characters at most.") % {"n": MAX_DETAILS}]
+    if len(cwd) > MAX_CWD:
+        errors["cwd"] = [_("The working directory may hold %(n)s characters at most.") % {"n": MAX_CWD}]
+    for field, text in (("title", title), ("details", details), ("cwd", cwd)):
+        if hidden := _hidden_character(text):
+            errors.setdefault(field, []).append(
+                _("Holds %(char)s, which would make the approver read other words than those asked.")
+                % {"char": f"U+{ord(hidden):04X} ({unicodedata.name(hidden, 'control')})"}
+            )
     if timeout is not None and not 1 <= timeout <= MAX_TIMEOUT:
         errors["timeout"] = [_("Wait 1 to %(n)s seconds.") % {"n": MAX_TIMEOUT}]
     if errors:
@@ -137,7 +166,7 @@ def approval_request(
             turn=desktop.messages.filter(status=ChatMessage.Status.RUNNING).first(),
             title=title,
             details=details,
-            cwd=cwd[:1000],
+            cwd=cwd,
             digest=approval_digest(desktop_id=desktop.id, title=title, details=details, cwd=cwd),
             expires_at=timezone.now() + timedelta(seconds=seconds),
         )
@@ -152,13 +181,15 @@ def approval_request(
             timeout=seconds,
         )
         _publish(approval)
-        enqueue(APPROVAL_EMAIL, approval_id=approval.id)
-        enqueue(APPROVAL_SCREENSHOT, approval_id=approval.id)
+        enqueue(APPROVAL_EMAIL, approval_id=approval.id, workspace_id=desktop.workspace_id)
+        enqueue(APPROVAL_SCREENSHOT, approval_id=approval.id, workspace_id=desktop.workspace_id)
     return approval
 
 
 # Wide enough to read a terminal or a page by, small enough to keep with every request.
 SCREENSHOT = ScreenshotOptions(format="jpeg", width=1280)
+# A worker's time is everyone's: a screen that does not answer this fast goes without its screenshot.
+SCREENSHOT_SECONDS = 3
 
 
 def approval_screenshot_take(*, approval_id: str) -> bool:
@@ -168,7 +199,7 @@ def approval_screenshot_take(*, approval_id: str) -> bool:
     if approval is None or approval_status(approval) != Status.PENDING:
         return False
     try:
-        shot = screen_screenshot(desktop=approval.desktop, options=SCREENSHOT)
+        shot = screen_screenshot(desktop=approval.desktop, options=SCREENSHOT, seconds=SCREENSHOT_SECONDS)
     except (Conflict, Unavailable):
         return False
     ApprovalScreenshot.objects.update_or_create(
@@ -197,7 +228,7 @@ def approval_email(*, approval_id: str) -> int:
     if approval is None or approval_status(approval) != Status.PENDING:
         return 0
     workspace = approval.desktop.workspace
-    emails = member_emails(workspace=workspace, minimum=Role(workspace.approval_role))
+    emails = member_emails(workspace=workspace, minimum=approval_role_needed(workspace))
     words = {
         "desktop": approval.desktop.name,
         "title": approval.title,
@@ -221,7 +252,7 @@ def approval_decide(*, actor: Actor, approval_id: str, approve: bool, comment: s
     """Answer a pending request, once: the first answer stands."""
     approval = approval_get(actor=actor, approval_id=approval_id)
     workspace = approval.desktop.workspace
-    role, needed = role_in(actor=actor, workspace_id=workspace.id), Role(workspace.approval_role)
+    role, needed = role_in(actor=actor, workspace_id=workspace.id), approval_role_needed(workspace)
     if role.rank < needed.rank:
         raise Forbidden(
             _("Answering this workspace's requests for approval needs the %(role)s role; you are %(yours)s.")

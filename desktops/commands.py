@@ -15,6 +15,7 @@ from django.utils.translation import gettext as _
 from desktops.audit import Actor, audit_record
 from desktops.errors import Conflict, Invalid, Unavailable
 from desktops.guest import desktop_ssh_connect
+from desktops.long_calls import LongCall, database_let_go
 from desktops.models import Desktop, DesktopState
 from desktops.selectors import workspace_for_control
 
@@ -62,6 +63,11 @@ def desktop_exec(
         length=len(command),
         timeout=timeout,
     )
+    with LongCall(actor, timeout + KILL_AFTER):
+        return _run(desktop, command, timeout, stdin)
+
+
+def _run(desktop: Desktop, command: str, timeout: int, stdin: str) -> CommandResult:
     try:
         ssh = desktop_ssh_connect(desktop_id=desktop.id, host=desktop.private_ip)
     except (paramiko.SSHException, OSError) as exc:
@@ -75,6 +81,7 @@ def desktop_exec(
         if stdin:
             channel.sendall(stdin.encode())
         channel.shutdown_write()
+        database_let_go()
         out, err, finished = _read(channel, deadline=started + timeout + KILL_AFTER + 5)
     elapsed = time.monotonic() - started
     return CommandResult(

@@ -43,3 +43,13 @@ class TooLarge(DomainError):
     """More than the plan lets through at once (a file, a folder)."""
 
     status, code = 413, "too_large"
+
+
+class TooBusy(DomainError):
+    """Too many of the caller's long calls run already; `retry_after` seconds is when to try again."""
+
+    status, code = 429, "throttled"
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after

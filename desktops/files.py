@@ -24,10 +24,13 @@ from django.utils.translation import gettext as _
 from desktops.audit import Actor, audit_record
 from desktops.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable
 from desktops.guest import desktop_ssh_connect
+from desktops.long_calls import LongCall, database_let_go
 from desktops.models import Desktop, DesktopState
 from desktops.selectors import desktop_get, workspace_for_control
 
 CHUNK = 256 * 1024
+# How long a transfer's slot is kept at most should its process die without giving it back.
+TRANSFER_SECONDS = 3600
 MIB = 1024 * 1024
 
 
@@ -42,7 +45,13 @@ class Download:
 def desktop_file_download(*, actor: Actor, desktop_id: str, path: str) -> Download:
     """A file of the desktop, or one of its folders as a zip, to stream out."""
     desktop = _desktop_for_files(actor=actor, desktop_id=desktop_id)
-    session = _Session.open(desktop)
+    slot = LongCall(actor, TRANSFER_SECONDS)
+    try:
+        session = _Session.open(desktop)
+    except BaseException:
+        slot.end()
+        raise
+    session.slot = slot
     try:
         target = session.confined(path)
         info = session.stat(target)
@@ -69,6 +78,7 @@ def desktop_file_download(*, actor: Actor, desktop_id: str, path: str) -> Downlo
         target=desktop.id,
         path=target,
     )
+    database_let_go()
     return Download(name, content_type, size, session.closing(chunks))
 
 
@@ -80,11 +90,12 @@ def desktop_file_upload(
     if length is None:
         raise Invalid(_("Say the file's size (Content-Length) before sending it."))
     _check_size(length, desktop.plan.transfer_max_mib * MIB)
-    with _Session.opened(desktop) as session:
+    with LongCall(actor, TRANSFER_SECONDS), _Session.opened(desktop) as session:
         target = session.confined(path, must_exist=False)
         if target == session.home:
             raise Invalid(_("Name the file to write, not the home folder."))
         session.makedirs(posixpath.dirname(target))
+        database_let_go()  # the body comes at the sender's pace
         written = session.write(target, length, chunks)
     audit_record(
         actor=actor,
@@ -122,6 +133,7 @@ class _Session:
     def __init__(self, ssh: paramiko.SSHClient):
         self.ssh, self.sftp = ssh, ssh.open_sftp()
         self.home = self.sftp.normalize(".")
+        self.slot: LongCall | None = None  # a download's, given back with the connection
 
     @classmethod
     def open(cls, desktop: Desktop) -> _Session:
@@ -141,6 +153,8 @@ class _Session:
 
     def close(self) -> None:
         self.ssh.close()
+        if self.slot is not None:
+            self.slot.end()
 
     def closing(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         """The chunks, then the connection closed (also when the reader stops early)."""

@@ -485,6 +485,11 @@ class Schedule(models.Model):
     # Claimed by beat with a conditional UPDATE to the run after now: missed runs make one run, not many.
     next_run_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # Made (or last changed) with an API key: it runs only while that key is valid, deleted keys included.
+    created_with_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="schedules"
+    )
+    made_with_key = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -55,7 +55,13 @@ def _checked(cron: str, tz: str, message: str) -> tuple[str, str, str]:
             fields={"cron": [_("Not a cron expression.")]},
         )
     times = croniter(cron, timezone.now().astimezone(ZoneInfo(tz)))
-    upcoming = [times.get_next(datetime) for _i in range(12)]
+    try:
+        upcoming = [times.get_next(datetime) for _i in range(12)]
+    except CroniterBadDateError as exc:  # valid fields, no date: 30 February
+        raise Invalid(
+            _("%(cron)r never comes: no date matches it.") % {"cron": cron},
+            fields={"cron": [_("Never comes.")]},
+        ) from exc
     if min(b - a for a, b in pairwise(upcoming)) < MIN_INTERVAL:
         raise Invalid(
             _("A schedule runs at most every %(minutes)d minutes.") % {"minutes": MIN_INTERVAL.seconds // 60},
@@ -89,6 +95,8 @@ def schedule_create(
             enabled=enabled,
             next_run_at=next_run(cron, tz, timezone.now()) if enabled else None,
             created_by=actor.user,
+            created_with_key=actor.api_key,
+            made_with_key=actor.api_key is not None,
         )
         audit_record(
             actor=actor,
@@ -113,7 +121,8 @@ def schedule_update(*, actor: Actor, schedule: Schedule, **changes) -> Schedule:
     schedule.next_run_at = (
         next_run(schedule.cron, schedule.timezone, timezone.now()) if schedule.enabled else None
     )
-    schedule.created_by = actor.user
+    schedule.created_by, schedule.created_with_key = actor.user, actor.api_key
+    schedule.made_with_key = actor.api_key is not None
     with transaction.atomic():
         schedule.save()
         audit_record(
@@ -161,7 +170,9 @@ def schedule_fire(*, run_id: str) -> str:
     """Take one run a step further: start the desktop, or send the message once it runs. WAITING while
     the desktop is on its way up (ask again later), FINISHED otherwise."""
     run = (
-        ScheduleRun.objects.select_related("schedule__desktop", "schedule__created_by")
+        ScheduleRun.objects.select_related(
+            "schedule__desktop", "schedule__created_by", "schedule__created_with_key"
+        )
         .filter(id=run_id)
         .first()
     )
@@ -171,6 +182,10 @@ def schedule_fire(*, run_id: str) -> str:
     author = schedule.created_by
     if author is None or not author.is_active:
         return _fail(run, _("The schedule's author has left: edit the schedule to run it as yourself."))
+    if not _key_usable(schedule):
+        return _fail(
+            run, _("The API key that made the schedule is revoked: edit the schedule to run it as yourself.")
+        )
     actor = schedule_actor(schedule)
     try:
         workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
@@ -194,6 +209,18 @@ def schedule_fire(*, run_id: str) -> str:
         return WAITING  # provisioning, starting, resuming, stopping, suspending: it settles first
     except DomainError as exc:
         return _fail(run, exc.message)
+
+
+def _key_usable(schedule: Schedule) -> bool:
+    """A schedule made with an API key runs only while the key would still be let in."""
+    if not schedule.made_with_key:
+        return True
+    key = schedule.created_with_key  # None once the key is deleted
+    return (
+        key is not None
+        and key.revoked_at is None
+        and (key.expires_at is None or key.expires_at > timezone.now())
+    )
 
 
 def schedule_actor(schedule: Schedule) -> Actor:

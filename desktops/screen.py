@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import struct
 import unicodedata
 from dataclasses import dataclass, field
 
-from asgiref.sync import async_to_sync, sync_to_async
 from django.utils.translation import gettext as _
 from PIL import Image
 
 from desktops.audit import Actor, audit_record, desktop_actor
 from desktops.errors import Conflict, Invalid, Unavailable
+from desktops.long_calls import LongCall, database_let_go
 from desktops.models import Desktop, DesktopState
 from desktops.rfb import RfbReader, ScreenUnreachable, ServerRefused, screen_link_open, server_handshake
 from desktops.selectors import workspace_for_control
@@ -40,6 +41,13 @@ SETTLE_QUIET = 0.1
 MAX_SETTLE = 2.0
 DRAG_STEPS = 8
 CONNECT_TIMEOUT = 15
+# What a desktop's screen server may ask of the control plane, whoever runs it (the desktop's root may
+# replace it): a screen of at most this many pixels (an 8K one: 128 MiB at 4 bytes a pixel), and per
+# update at most so many rectangles, drawing at most so many screens' worth of pixels.
+MAX_SCREEN_SIDE = 8192
+MAX_SCREEN_PIXELS = 7680 * 4320
+MAX_RECTS_PER_UPDATE = 10_000
+MAX_SCREENS_PER_UPDATE = 4
 
 # RFB messages (RFC 6143 §7.5, §7.6) and the pseudo-encodings the client asks for.
 SET_PIXEL_FORMAT, SET_ENCODINGS, UPDATE_REQUEST, KEY_EVENT, POINTER_EVENT = 0, 2, 3, 4, 5
@@ -176,8 +184,8 @@ class ActionsDone:
 
 @dataclass(frozen=True)
 class Pixels:
-    """A copy of the screen, made into an image by the request's own thread: encoding holds the CPU
-    for tens of milliseconds, and the RFB session may run on the server's event loop."""
+    """A copy of the screen, made into an image once the RFB session's step is over: encoding holds
+    the CPU for tens of milliseconds, which no loop needs to wait for."""
 
     width: int
     height: int
@@ -205,6 +213,12 @@ class _Framebuffer:
     pixels: bytearray = field(init=False)
 
     def __post_init__(self):
+        if not (
+            0 < self.width <= MAX_SCREEN_SIDE
+            and 0 < self.height <= MAX_SCREEN_SIDE
+            and self.width * self.height <= MAX_SCREEN_PIXELS
+        ):
+            raise ServerRefused(f"a {self.width}x{self.height} screen is beyond what is shown")
         self.pixels = bytearray(self.width * self.height * 4)
 
 
@@ -218,6 +232,9 @@ class RfbScreen:
         self.name = name
         self.buttons = 0
         self.keyboard_used = False
+        # Checked between rectangles: a server whose whole update is already buffered never lets the
+        # loop run, so a timeout of the loop's alone would not interrupt it.
+        self.deadline = math.inf
 
     @classmethod
     async def open(cls, *, desktop_id: str, host: str, mode: str) -> RfbScreen:
@@ -236,7 +253,14 @@ class RfbScreen:
             refused = _("The desktop's screen refused the connection: try again in a moment.")
             raise Unavailable(refused) from exc
         width, height = struct.unpack_from(">HH", server_init)
-        screen = cls(link.stream, reader, width, height, server_init[24:].decode("utf-8", "replace"))
+        try:
+            screen = cls(link.stream, reader, width, height, server_init[24:].decode("utf-8", "replace"))
+        except ServerRefused as exc:
+            await link.stream.close()
+            raise Unavailable(
+                _("The desktop's screen says it is %(width)dx%(height)d, larger than Le Bureau shows.")
+                % {"width": width, "height": height}
+            ) from exc
         encodings = (RAW, COPY_RECT, DESKTOP_SIZE, CURSOR_POSITION)
         await link.stream.write(
             struct.pack(">B3x", SET_PIXEL_FORMAT)
@@ -277,8 +301,17 @@ class RfbScreen:
             elif kind != BELL:
                 raise ServerRefused(f"unknown server message type {kind}")
         (count,) = struct.unpack(">xH", await self.reader.read(3))
+        if count > MAX_RECTS_PER_UPDATE:
+            raise ServerRefused(f"an update of {count} rectangles")
+        drawn, loop = 0, asyncio.get_running_loop()
         for _step in range(count):
+            if loop.time() > self.deadline:
+                raise TimeoutError
             x, y, w, h, encoding = struct.unpack(">HHHHi", await self.reader.read(12))
+            if encoding in (RAW, COPY_RECT):
+                drawn += w * h
+                if drawn > MAX_SCREENS_PER_UPDATE * self.framebuffer.width * self.framebuffer.height:
+                    raise ServerRefused("an update drawing the screen over and over")
             await self._rectangle(x, y, w, h, encoding)
         return True
 
@@ -302,8 +335,13 @@ class RfbScreen:
                 fb.pixels[start : start + row] = data[line * row : (line + 1) * row]
         elif encoding == COPY_RECT:
             source_x, source_y = struct.unpack(">HH", await self.reader.read(4))
+            if source_x + w > fb.width or source_y + h > fb.height:
+                raise ServerRefused(f"a copy from {source_x},{source_y} reaches off the screen")
             stride, row = fb.width * 4, w * 4
-            rows = [fb.pixels[(source_y + i) * stride + source_x * 4 :][:row] for i in range(h)]
+            # Each row copied alone (not the framebuffer's rest), all before any is written: the two
+            # areas may overlap.
+            sources = ((source_y + i) * stride + source_x * 4 for i in range(h))
+            rows = [fb.pixels[start : start + row] for start in sources]
             for line, data in enumerate(rows):
                 start = (y + line) * stride + x * 4
                 fb.pixels[start : start + row] = data
@@ -390,48 +428,68 @@ def _running(desktop: Desktop) -> None:
         raise Conflict(_("The desktop is %(state)s: start it first.") % {"state": desktop.state})
 
 
-async def _session(desktop: Desktop, mode: str, work):
-    screen = await RfbScreen.open(desktop_id=desktop.id, host=desktop.private_ip, mode=mode)
-    try:
-        return await work(screen)
-    except (ServerRefused, OSError) as exc:
-        raise Unavailable(_("The desktop's screen stopped answering: try again in a moment.")) from exc
-    finally:
-        await screen.close()
+class _Session:
+    """One RFB session, run on an event loop of the calling thread's own, never the web server's: a
+    hostile screen server stalls this request alone. The loop runs only during `step()`, so between
+    steps the thread may use the database (Django refuses to under a running loop)."""
+
+    def __init__(self, desktop: Desktop, mode: str, connect_within: float = CONNECT_TIMEOUT):
+        self.desktop, self.mode, self.connect_within = desktop, mode, connect_within
+
+    def __enter__(self) -> _Session:
+        self.runner = asyncio.Runner()
+        opening = RfbScreen.open(desktop_id=self.desktop.id, host=self.desktop.private_ip, mode=self.mode)
+        try:
+            self.screen = self.runner.run(asyncio.wait_for(opening, self.connect_within))
+        except TimeoutError as exc:
+            self.runner.close()
+            raise Unavailable(_("The desktop's screen is not answering: try again in a moment.")) from exc
+        except BaseException:
+            self.runner.close()
+            raise
+        return self
+
+    def step(self, work, seconds: float):
+        """`work(screen)` within `seconds`, or Unavailable: the screen was too slow or went wrong."""
+
+        async def timed():
+            loop = asyncio.get_running_loop()
+            self.screen.deadline = loop.time() + seconds
+            return await asyncio.wait_for(work(self.screen), seconds)
+
+        try:
+            return self.runner.run(timed())
+        except TimeoutError as exc:
+            raise Unavailable(_("The desktop's screen is too slow to answer: try again.")) from exc
+        except (ServerRefused, OSError) as exc:
+            raise Unavailable(_("The desktop's screen stopped answering: try again in a moment.")) from exc
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.runner.run(self.screen.close())
+        finally:
+            self.runner.close()
 
 
-def _timed(seconds: float):
-    """Run a session's work within `seconds`, or answer that the screen did not."""
-
-    def wrap(work):
-        async def timed(screen: RfbScreen):
-            try:
-                return await asyncio.wait_for(work(screen), seconds)
-            except TimeoutError as exc:
-                raise Unavailable(_("The desktop's screen is too slow to answer: try again.")) from exc
-
-        return timed
-
-    return wrap
-
-
-def screen_screenshot(*, desktop: Desktop, options: ScreenshotOptions) -> Screenshot:
-    """The desktop's screen as an image; any role that sees the desktop may take one."""
+def screen_screenshot(
+    *, desktop: Desktop, options: ScreenshotOptions, seconds: float = CONNECT_TIMEOUT
+) -> Screenshot:
+    """The desktop's screen as an image, within `seconds` to connect and as many to draw; any role
+    that sees the desktop may take one."""
     _running(desktop)
 
-    @_timed(CONNECT_TIMEOUT)
     async def shoot(screen: RfbScreen) -> Pixels:
         await screen.full()
         return screen.pixels()
 
-    return async_to_sync(_session)(desktop, "view", shoot).image(options)
+    with _Session(desktop, "view", connect_within=seconds) as session:
+        return session.step(shoot, seconds).image(options)
 
 
 def screen_info(*, desktop: Desktop) -> ScreenInfo:
     """The screen's size, and where its pointer is if the desktop's server says."""
     _running(desktop)
 
-    @_timed(CONNECT_TIMEOUT)
     async def read(screen: RfbScreen) -> ScreenInfo:
         # A one-pixel update carries the pointer's position too, from servers that report it.
         await screen.request(incremental=False, area=(0, 0, 1, 1))
@@ -439,7 +497,8 @@ def screen_info(*, desktop: Desktop) -> ScreenInfo:
         fb = screen.framebuffer
         return ScreenInfo(fb.width, fb.height, screen.name, fb.cursor)
 
-    return async_to_sync(_session)(desktop, "view", read)
+    with _Session(desktop, "view") as session:
+        return session.step(read, CONNECT_TIMEOUT)
 
 
 def actions_check(actions: list[Action], screen: tuple[int, int] | None = None) -> None:
@@ -511,17 +570,6 @@ def _act(
     actions_check(actions)  # what needs no screen, before reaching it
 
     async def act(screen: RfbScreen) -> Pixels | None:
-        actions_check(actions, screen.size)
-        await sync_to_async(audit_record)(
-            actor=actor,
-            action="desktop.screen.actions",
-            workspace_id=desktop.workspace_id,
-            target=desktop.id,
-            count=len(actions),
-            # What was done, not what was typed: text may carry secrets.
-            types=sorted({action.type for action in actions}),
-            typed=sum(len(action.text) for action in actions),
-        )
         for action in actions:
             await screen.perform(action)
         if screenshot is None:
@@ -532,6 +580,19 @@ def _act(
         await screen.settle()
         return screen.pixels()
 
-    budget = CONNECT_TIMEOUT + MAX_SETTLE + sum(action.ms for action in actions) / 1000 + len(actions)
-    pixels = async_to_sync(_session)(desktop, "control", _timed(budget)(act))
+    budget = MAX_SETTLE + sum(action.ms for action in actions) / 1000 + len(actions)
+    with LongCall(actor, CONNECT_TIMEOUT + budget), _Session(desktop, "control") as session:
+        actions_check(actions, session.screen.size)
+        audit_record(
+            actor=actor,
+            action="desktop.screen.actions",
+            workspace_id=desktop.workspace_id,
+            target=desktop.id,
+            count=len(actions),
+            # What was done, not what was typed: text may carry secrets.
+            types=sorted({action.type for action in actions}),
+            typed=sum(len(action.text) for action in actions),
+        )
+        database_let_go()
+        pixels = session.step(act, budget)
     return ActionsDone(len(actions), pixels.image(screenshot) if pixels else None)

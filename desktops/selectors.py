@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
@@ -112,8 +112,10 @@ def _addresses_of(user, **confirmed) -> list[str]:
 def invitations_for(*, user) -> QuerySet[Invitation]:
     """The pending invitations to the user's confirmed addresses: only those can be answered."""
     pending = Invitation.objects.filter(accepted_at=None, declined_at=None)
-    return pending.filter(email__in=_addresses_of(user, verified=True)).select_related(
-        "workspace", "invited_by"
+    return (
+        pending.filter(email__in=_addresses_of(user, verified=True))
+        .select_related("workspace", "invited_by")
+        .order_by("-created_at")
     )
 
 
@@ -165,6 +167,8 @@ def invitation_list(*, workspace: Workspace) -> list[Invitation]:
 
 # Invitation links carry the invitation's id signed with the site's key: only its e-mail holds one.
 INVITATION_SALT = "lebureau.invitation"
+# A link proves an address: one that leaks stops proving it after this (the admin sends it again).
+INVITATION_VALID = timedelta(days=7)
 
 
 def invitation_token(invitation: Invitation) -> str:
@@ -172,9 +176,14 @@ def invitation_token(invitation: Invitation) -> str:
 
 
 def invitation_by_token(*, token: str) -> Invitation:
-    """The pending invitation a link names; NotFound once withdrawn or answered, or for a forged link."""
+    """The pending invitation a link names; NotFound once withdrawn, answered or expired, or for a forged
+    link."""
     try:
-        invitation_id = signing.loads(token, salt=INVITATION_SALT)
+        invitation_id = signing.loads(token, salt=INVITATION_SALT, max_age=INVITATION_VALID)
+    except signing.SignatureExpired as exc:
+        raise NotFound(
+            _("This invitation link has expired: ask for the invitation to be sent again.")
+        ) from exc
     except signing.BadSignature as exc:
         raise NotFound(_("This invitation link is not valid.")) from exc
     found = (

@@ -383,8 +383,12 @@ def desktop_create(
 
 
 def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
-    """Request start / stop / suspend / resume / destroy; the worker does the rest."""
-    workspace_get(actor=actor, workspace_id=desktop.workspace_id, minimum=Role.MEMBER)
+    """Request start / stop / suspend / resume / destroy; the worker does the rest. Destroying takes
+    the disk and what the agent did with it: it needs the role that may take control, not only member."""
+    if action == "destroy":
+        workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
+    else:
+        workspace_get(actor=actor, workspace_id=desktop.workspace_id, minimum=Role.MEMBER)
     step = TRANSITIONS.get(action)
     if step is None or not step.sources:
         raise Invalid(f"Unknown action {action!r}.")

@@ -91,7 +91,7 @@ def webhook_notify(*, workspace_id: str, event: str, payload: dict) -> WebhookDe
     delivery = WebhookDelivery.objects.create(
         workspace_id=workspace_id, event=event, url=url, payload=payload
     )
-    enqueue(WEBHOOK_DELIVER, delivery_id=delivery.id)
+    enqueue(WEBHOOK_DELIVER, delivery_id=delivery.id, workspace_id=workspace_id)
     return delivery
 
 

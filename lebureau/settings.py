@@ -164,6 +164,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_REDIRECT_URL = "/"
+ACCOUNT_ADAPTER = "missioncontrol.accounts.AccountAdapter"
 ACCOUNT_LOGIN_METHODS = {"email"}
 ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
 ACCOUNT_EMAIL_VERIFICATION = env.str("ACCOUNT_EMAIL_VERIFICATION", "optional")
@@ -202,6 +203,20 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "desktops.api.pagination.Pagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "desktops.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["desktops.api.throttling.ActorRateThrottle"],
+    # Per person (per desktop on the guest endpoint), as "number/second|minute|hour|day".
+    "DEFAULT_THROTTLE_RATES": {
+        scope: env.str(f"API_RATE_{scope.upper()}", rate)
+        for scope, rate in {
+            "exec": "60/min",
+            "actions": "120/min",
+            "screenshot": "120/min",
+            "chat": "30/min",
+            "relay": "60/min",
+            "invitations": "30/hour",
+            "approvals": "30/min",
+        }.items()
+    },
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -236,13 +251,25 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", "lebureau")
 # Following agent turns has a queue and workers of its own (a thread pool: a turn mostly waits), so
 # however long the turns, lifecycle steps never wait behind them.
 CELERY_CHAT_QUEUE = env.str("CELERY_CHAT_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}-chat")
+# So have notifications (e-mails, webhooks, approvals' screenshots): what a desktop or a tenant's
+# webhook receiver sets off never waits in front of the lifecycle steps.
+CELERY_NOTIFY_QUEUE = env.str("CELERY_NOTIFY_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}-notify")
+NOTIFY_TASKS = (
+    "workers.tasks.approval_screenshot",
+    "workers.tasks.approval_email",
+    "workers.tasks.alert_email",
+    "workers.tasks.webhook_deliver",
+)
 
 
-def chat_routes(queue: str) -> dict:
-    return {name: {"queue": queue} for name in ("workers.tasks.chat_deliver", "workers.tasks.chat_follow")}
+def task_routes(chat_queue: str, notify_queue: str) -> dict:
+    chat = ("workers.tasks.chat_deliver", "workers.tasks.chat_follow")
+    return {name: {"queue": chat_queue} for name in chat} | {
+        name: {"queue": notify_queue} for name in NOTIFY_TASKS
+    }
 
 
-CELERY_TASK_ROUTES = chat_routes(CELERY_CHAT_QUEUE)
+CELERY_TASK_ROUTES = task_routes(CELERY_CHAT_QUEUE, CELERY_NOTIFY_QUEUE)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -267,6 +294,8 @@ CHAT_STALE_AFTER = env.float("CHAT_STALE_AFTER", 60.0)
 # followed at once, and lifecycle steps (create, start, stop…) carried out at once.
 CHAT_TURNS_PER_WORKSPACE = env.int("CHAT_TURNS_PER_WORKSPACE", 4)
 LIFECYCLE_STEPS_PER_WORKSPACE = env.int("LIFECYCLE_STEPS_PER_WORKSPACE", 2)
+# And notifications under way at once (a webhook receiver that never answers holds one for its timeout).
+NOTIFY_TASKS_PER_WORKSPACE = env.int("NOTIFY_TASKS_PER_WORKSPACE", 2)
 # Reconcile: a step waiting this long with no worker on it is sent again (its task may have been lost
 # with the broker's memory), and past the second it was lost for good (the longest step's time limit is
 # 930 s); an instance no desktop knows is removed once it has been seen this long.
@@ -356,6 +385,8 @@ DESKTOP_SSH_PORT = env.int("DESKTOP_SSH_PORT", 22)
 DESKTOP_SSH_USER = env.str("DESKTOP_SSH_USER", "agent")
 # The largest request body the REST API reads (it takes small JSON documents).
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", 256 * 1024)
+# Commands, downloads and screen actions of one person (or one desktop's agent) running at once.
+LONG_CALLS_PER_PERSON = env.int("LONG_CALLS_PER_PERSON", 4)
 DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
 DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
 # The tier new workspaces go on (each keeps it until support changes it).

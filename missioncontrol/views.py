@@ -9,7 +9,6 @@ from decimal import Decimal
 from functools import wraps
 from urllib.parse import urlencode
 
-from allauth.account.adapter import get_adapter as get_account_adapter
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
@@ -54,6 +53,7 @@ from desktops.models import DesktopState, Role
 from desktops.relays import desktop_watchers
 from desktops.selectors import role_in
 from missioncontrol import forms
+from missioncontrol.accounts import invitation_link_remember
 from missioncontrol.audit_actions import ACTIONS, action_words
 from missioncontrol.charts import bar_chart
 from missioncontrol.exports import safe_cell
@@ -221,8 +221,8 @@ def invitation(request, token):
     context = {"invitation": found, "here": here}
     if not request.user.is_authenticated:
         # Following the e-mailed link proves the address, as a confirmation link does: signing up with
-        # it from here needs no confirmation e-mail (allauth checks the address signed up with).
-        get_account_adapter(request).stash_verified_email(request, found.email)
+        # that address (and no other) from here needs no confirmation e-mail.
+        invitation_link_remember(request, token)
         context["signup_url"] = (
             f"{reverse('account_signup')}?{urlencode({'email': found.email, 'next': here})}"
         )
@@ -530,7 +530,7 @@ def approval_queue(request):
     answered = approvals.approval_list(**scope).exclude(id__in=pending.values("id"))[:RECENT_APPROVALS]
     for approval in answered:
         approval.shown_status = approvals.approval_status(approval)
-    needed = Role(request.workspace.approval_role)
+    needed = approvals.approval_role_needed(request.workspace)
     template = (
         "missioncontrol/approval_list.html"
         if request.GET.get("fragment")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.cache import cache
 from django.test import override_settings
 from rest_framework.test import APIClient
 
@@ -15,7 +16,7 @@ from desktops.audit import Actor
 from desktops.engines import engine
 from desktops.models import Desktop, Role
 from lebureau.celery import app as celery_app
-from lebureau.settings import chat_routes
+from lebureau.settings import NOTIFY_TASKS, task_routes
 from tests.factories import MembershipFactory, PlanFactory, UserFactory, WorkspaceFactory, api_key_for
 from tests.support.desktops import wait_for_state
 from tests.support.directory_driver import DirectoryDriver
@@ -30,6 +31,7 @@ TEST_BROKER = os.environ.get("TEST_CELERY_BROKER_URL", "redis://127.0.0.1:6379/1
 TEST_QUEUE = f"test-{uuid.uuid4().hex[:8]}"
 # Agent turns are followed on a queue of their own, by workers of their own (see CELERY_CHAT_QUEUE).
 TEST_CHAT_QUEUE = f"{TEST_QUEUE}-chat"
+TEST_NOTIFY_QUEUE = f"{TEST_QUEUE}-notify"
 LIFECYCLE_NODE, CHAT_NODE = f"lifecycle-{TEST_QUEUE}", f"chat-{TEST_QUEUE}"
 ROOT = Path(__file__).resolve().parent.parent
 # Desktops made through the API in tests get an LXC network and state of their own, apart from the
@@ -65,7 +67,7 @@ def pytest_configure(config):
     the app keeps the connection pool of the first broker it used, whichever test used it first."""
     celery_app.conf.broker_url = TEST_BROKER
     celery_app.conf.task_default_queue = TEST_QUEUE
-    celery_app.conf.task_routes = chat_routes(TEST_CHAT_QUEUE)
+    celery_app.conf.task_routes = task_routes(TEST_CHAT_QUEUE, TEST_NOTIFY_QUEUE)
 
 
 @pytest.fixture
@@ -102,6 +104,13 @@ def _control_plane_key(tmp_path_factory):
     """The suite's own control-plane SSH key, shared by the test process and its servers."""
     with override_settings(CONTROL_PLANE_SSH_KEY=tmp_path_factory.getbasetemp() / "ssh" / "id_ed25519"):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rates_counted_afresh():
+    """Rate limits and long-call slots live in the shared cache, counted per user id: an earlier run's
+    user 1 is not this run's."""
+    cache.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -165,6 +174,7 @@ def service_env(driver_dir: Path, basetemp: Path, **extra: str) -> dict[str, str
         "CELERY_BROKER_URL": TEST_BROKER,
         "CELERY_QUEUE": TEST_QUEUE,
         "CELERY_CHAT_QUEUE": TEST_CHAT_QUEUE,
+        "CELERY_NOTIFY_QUEUE": TEST_NOTIFY_QUEUE,
         "COMPUTE_DRIVER": TEST_DRIVER,
         "TEST_DRIVER_DIR": str(driver_dir),
         "CONTROL_PLANE_SSH_KEY": str(settings.CONTROL_PLANE_SSH_KEY),
@@ -194,7 +204,10 @@ def celery_worker(django_db_setup, close_stray_connections, driver_dir, tmp_path
     worker = [sys.executable, "-m", "celery", "-A", "lebureau", "worker", "-l", "INFO"]
     # Node names of this run only: other test runs on the machine share the broker's control channel.
     lifecycle = [*worker, "-Q", TEST_QUEUE, "-c", "2", "-n", f"{LIFECYCLE_NODE}@%h"]
-    chat = [*worker, "-Q", TEST_CHAT_QUEUE, "--pool", "threads", "-c", "8", "-n", f"{CHAT_NODE}@%h"]
+    # Chat and notifications on one thread-pool worker (the Procfile gives each its own): both wait on
+    # the network, and the suite saves a process.
+    queues = f"{TEST_CHAT_QUEUE},{TEST_NOTIFY_QUEUE}"
+    chat = [*worker, "-Q", queues, "--pool", "threads", "-c", "8", "-n", f"{CHAT_NODE}@%h"]
     with (
         service_process("celery-worker", lifecycle, env, basetemp, lambda: node_answers(LIFECYCLE_NODE)),
         service_process("celery-chat", chat, env, basetemp, lambda: node_answers(CHAT_NODE)),
@@ -206,9 +219,15 @@ def node_answers(node: str) -> bool:
     return workers_answering(celery_app, f"{node}@")
 
 
+def _task_name(task: dict) -> str:
+    # Scheduled tasks (a countdown) come wrapped in their request.
+    return task.get("name") or task.get("request", {}).get("name", "")
+
+
 def wait_for_idle_lifecycle_worker(timeout: float = 60) -> None:
-    """Until the suite's lifecycle worker has nothing under way, queued or due later (retries): what a
-    test set off must not be writing while the next test's database is being emptied."""
+    """Until the suite's lifecycle worker has nothing under way, queued or due later (retries), nor the
+    chat worker any notification: what a test set off must not be writing while the next test's
+    database is being emptied."""
     deadline = time.monotonic() + timeout
     while True:
         inspect = celery_app.control.inspect(destination=None, timeout=0.5)
@@ -216,8 +235,9 @@ def wait_for_idle_lifecycle_worker(timeout: float = 60) -> None:
             task
             for found in (inspect.active(), inspect.reserved(), inspect.scheduled())
             for node, tasks in (found or {}).items()
-            if node.startswith(f"{LIFECYCLE_NODE}@")
             for task in tasks
+            if node.startswith(f"{LIFECYCLE_NODE}@")
+            or (node.startswith(f"{CHAT_NODE}@") and _task_name(task) in NOTIFY_TASKS)
         ]
         if not work:
             return

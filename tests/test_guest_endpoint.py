@@ -91,6 +91,26 @@ def test_a_request_is_checked_before_it_is_kept(guest, members):
     assert not desktop.approvals.exists()
 
 
+SPOOFS = {
+    # Shown right to left from U+202E on: the approver reads "Lire rapport.txt", the agent runs an .exe.
+    "a bidi override in the title": {"title": "Lire \u202etxt.exe", "details": ""},
+    # A zero-width space: `rm -rf /\u200b tmp` reads as one path and is another command.
+    "a zero-width space in the details": {"title": "Nettoyer", "details": "rm -rf /\u200b tmp"},
+    "an escape sequence in the details": {"title": "Nettoyer", "details": "ls\x1b[2K\rrm -rf ~"},
+    # Shown cut at 1,000 characters while the digest binds the whole.
+    "a working directory longer than shown": {"title": "ok", "cwd": "/srv/" + "a" * 1000},
+}
+
+
+@pytest.mark.parametrize("body", SPOOFS.values(), ids=SPOOFS.keys())
+def test_a_request_that_would_read_otherwise_than_it_is_refused(guest, members, body):
+    desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    refused = call(guest, "/v1/approvals", token, "POST", json=body)
+    assert refused.status_code == 400, refused.text
+    field = {"title", "details", "cwd"} & set(refused.json()["error"]["fields"])
+    assert field and not desktop.approvals.exists()
+
+
 def test_an_operators_api_key_is_no_desktop_token(guest, members):
     key = api_key_for(members[Role.OWNER])
     assert call(guest, "/v1/approvals", key, "POST", json={"title": "x"}).status_code == 401

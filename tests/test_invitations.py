@@ -7,12 +7,15 @@ confirmed the invited address can accept.
 
 import re
 import threading
+from datetime import timedelta
 from urllib.parse import urlencode
 
 import pytest
+import time_machine
 from django.contrib.auth import get_user_model
 from django.core import mail, signing
 from django.db import connection
+from django.utils import timezone
 
 from desktops import services
 from desktops.audit import Actor
@@ -214,6 +217,42 @@ def test_someone_else_holding_the_link_cannot_accept_it(
     forged = signing.dumps(invitation.id, key="not the site's key", salt="lebureau.invitation")
     assert client.get(f"/invitations/{forged}/").status_code == 404
     assert client.get(f"/invitations/{invitation.id}/").status_code == 404
+
+
+def test_a_link_opened_before_signing_up_verifies_no_other_address(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    # The attacker invites an address of their own and hands the link to the victim, who opens it signed
+    # out and then signs up with their own address, in the same session.
+    attacker_alias = "alias@attacker.example"
+    link = invite_by_page(
+        client, members[Role.ADMIN], workspace, attacker_alias, capture=django_capture_on_commit_callbacks
+    )
+    assert client.get(link).status_code == 200
+    victim_email = "victim@example.com"
+    client.post("/accounts/signup/", {"email": victim_email, "password1": PASSWORD, "password2": PASSWORD})
+    victim = User.objects.get(email=victim_email)
+    # Only the address typed is on the account, and unconfirmed: the alias gives the attacker no reset.
+    assert list(victim.emailaddress_set.values_list("email", "verified", "primary")) == [
+        (victim_email, False, True)
+    ]
+    assert not User.objects.filter(email=attacker_alias).exists()
+    client.logout()
+    mail.outbox.clear()
+    client.post("/accounts/password/reset/", {"email": attacker_alias})
+    assert all(victim_email not in m.to and "reset" not in m.subject.lower() for m in mail.outbox)
+
+
+def test_an_expired_link_proves_nothing_and_says_so(
+    client, members, workspace, django_capture_on_commit_callbacks
+):
+    link = invite_by_page(client, members[Role.ADMIN], workspace, capture=django_capture_on_commit_callbacks)
+    assert client.get(link).status_code == 200  # opened in time, signed up with after it expired
+    with time_machine.travel(timezone.now() + timedelta(days=8)):
+        page = client.get(link)
+        assert page.status_code == 404 and "expired" in page.content.decode()
+        client.post("/accounts/signup/", {"email": HIRE, "password1": PASSWORD, "password2": PASSWORD})
+    assert not User.objects.get(email=HIRE).emailaddress_set.get(email=HIRE).verified
 
 
 def test_a_withdrawn_invitation_and_a_removed_member_are_invited_again_in_one_click(

@@ -91,8 +91,10 @@ def test_the_workspace_switcher_refuses_a_workspace_that_is_not_yours(client, me
     assert client.get(f"/switch/?workspace={workspace.id}").url == f"/w/{workspace.id}/desktops/"
 
 
-def test_exported_audit_cells_cannot_run_as_formulas(client, members, workspace):
-    token = current_request.set(RequestContext("=cmd|' /C calc'!A0", None))
+@pytest.mark.parametrize("request_id", ["=cmd|' /C calc'!A0", "x;=cmd|' /C calc'!A0"])
+def test_exported_audit_cells_cannot_run_as_formulas(client, members, workspace, request_id):
+    # The request id is anyone's to set (X-Request-ID); the second splits into `=cmd…` where ';' separates.
+    token = current_request.set(RequestContext(request_id, None))
     try:
         audit_record(actor=Actor(system="x"), workspace_id=workspace.id, action="desktop.create")
     finally:
@@ -100,7 +102,9 @@ def test_exported_audit_cells_cannot_run_as_formulas(client, members, workspace)
     client.force_login(members[Role.ADMIN].user)
     response = client.get(f"/w/{workspace.id}/audit/?format=csv")
     body = b"".join(response.streaming_content).decode()
-    assert "'=cmd|" in body and ",=cmd" not in body
+    # Split as a ';'-separated spreadsheet would: no cell starts with the formula.
+    cells = [cell for line in body.splitlines() for part in line.split(",") for cell in part.split(";")]
+    assert "'=cmd|' /C calc'!A0" in cells and not any(cell.startswith("=") for cell in cells)
 
 
 class Stream:

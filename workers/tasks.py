@@ -40,6 +40,7 @@ from desktops.queue import (
     WEBHOOK_DELIVER,
     WORKSPACE_AGENT_CONFIGURE,
 )
+from desktops.slots import slot_free, slot_take
 
 
 @worker_init.connect
@@ -267,24 +268,55 @@ def audit_prune() -> int:
     return audit.audit_prune()
 
 
+# Notifications (e-mails, webhooks, an approval's screenshot) have a queue of their own, so that what a
+# desktop or a tenant's receiver sets off never waits in front of anyone's lifecycle steps; and one
+# workspace has at most NOTIFY_TASKS_PER_WORKSPACE of them under way at once, so that it cannot take
+# that queue's workers either. A task over its workspace's share is sent again a little later, as a
+# fresh copy that keeps its count of retries: no worker waits for the share.
+NOTIFY_WAIT = 2
+
+
+def notify_task(**options):
+    def wrap(run):
+        def shared(self, *, workspace_id: str = "", **ids):
+            token = None
+            if workspace_id:  # sent before workspaces had a share, during an upgrade: none
+                token, _wait = slot_take(
+                    key=f"notify:{workspace_id}",
+                    limit=settings.NOTIFY_TASKS_PER_WORKSPACE,
+                    seconds=options.get("soft_time_limit", 60) + 30,
+                )
+                if token is None:
+                    self.apply_async(
+                        kwargs={"workspace_id": workspace_id, **ids},
+                        countdown=NOTIFY_WAIT,
+                        retries=self.request.retries,
+                    )
+                    return None
+            try:
+                return run(self, **ids)
+            finally:
+                if token:
+                    slot_free(key=f"notify:{workspace_id}", token=token)
+
+        shared.__name__, shared.__doc__ = run.__name__, run.__doc__
+        return shared_task(shared, bind=True, acks_late=True, **options)
+
+    return wrap
+
+
 # Telling people by e-mail: sent again while the mail server does not answer.
-EMAIL_TASK = {
-    "acks_late": True,
-    "autoretry_for": (OSError,),
-    "retry_backoff": 5,
-    "max_retries": 5,
-    "soft_time_limit": 60,
-}
+EMAIL_TASK = {"autoretry_for": (OSError,), "retry_backoff": 5, "max_retries": 5, "soft_time_limit": 60}
 
 
-@shared_task(name=APPROVAL_SCREENSHOT, acks_late=True, soft_time_limit=30)
-def approval_screenshot(*, approval_id: str) -> bool:
+@notify_task(name=APPROVAL_SCREENSHOT, soft_time_limit=30)
+def approval_screenshot(self, *, approval_id: str) -> bool:
     """Keep the asking desktop's screen with its request."""
     return approvals.approval_screenshot_take(approval_id=approval_id)
 
 
-@shared_task(name=APPROVAL_EMAIL, **EMAIL_TASK)
-def approval_email(*, approval_id: str) -> int:
+@notify_task(name=APPROVAL_EMAIL, **EMAIL_TASK)
+def approval_email(self, *, approval_id: str) -> int:
     """Tell the people who may answer a request for approval that it waits."""
     return approvals.approval_email(approval_id=approval_id)
 
@@ -295,16 +327,14 @@ def alerts_evaluate() -> dict[str, int]:
     return alerts.alerts_evaluate()
 
 
-@shared_task(name=ALERT_EMAIL, **EMAIL_TASK)
-def alert_email(*, alert_id: str) -> int:
+@notify_task(name=ALERT_EMAIL, **EMAIL_TASK)
+def alert_email(self, *, alert_id: str) -> int:
     """Tell the people who may take control of a desktop of an alert raised on it."""
     return alerts.alert_email(alert_id=alert_id)
 
 
-@shared_task(
+@notify_task(
     name=WEBHOOK_DELIVER,
-    bind=True,
-    acks_late=True,
     autoretry_for=(webhooks.DeliveryFailed,),
     retry_backoff=2,
     retry_backoff_max=600,

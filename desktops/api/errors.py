@@ -27,7 +27,9 @@ def error_body(code: str, message: str, fields: dict | None = None) -> dict:
 
 def exception_handler(exc, context):
     if isinstance(exc, DomainError):
-        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+        retry = getattr(exc, "retry_after", None)
+        headers = {"Retry-After": str(retry)} if retry else None
+        return Response(error_body(exc.code, exc.message, exc.fields), status=exc.status, headers=headers)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)

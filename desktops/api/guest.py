@@ -117,6 +117,8 @@ class WhoAmI(GuestView):
 
 
 class ApprovalAsk(GuestView):
+    throttle_scope = "approvals"
+
     @extend_schema(exclude=True)
     def post(self, request):
         """Ask the desktop's operators for their approval; poll the answer at its own address."""
@@ -145,6 +147,7 @@ class Activity(GuestView):
 
 
 class ScreenLook(GuestView):
+    throttle_scope = "screenshot"
     # `?format=` names the image's format, as on the API; the answer is JSON all the same.
     content_negotiation_class = ImageNegotiation
 
@@ -159,6 +162,8 @@ class ScreenLook(GuestView):
 
 
 class ScreenActions(GuestView):
+    throttle_scope = "actions"
+
     @extend_schema(exclude=True)
     def post(self, request):
         """The desktop's agent acts on its own screen: the API's batch of actions, checked whole first."""

@@ -4,6 +4,7 @@
 from django.utils.translation import gettext as _
 
 ERROR = "Error"
+RETRY_AFTER = {"schema": {"type": "integer"}, "description": "Seconds to wait before trying again."}
 
 
 def _error_schema() -> dict:
@@ -37,6 +38,10 @@ def _common_errors(operation: dict) -> dict[str, str]:
         "401": _("No valid API key or session."),
         "403": _("Not allowed: a read-only key that writes, or a role below what this needs."),
         "404": _("Not found, or not visible to you; or a page past the last."),
+        "429": _(
+            "Too many calls of this kind by you, or too many of yours still running: try again after "
+            "Retry-After seconds."
+        ),
     }
     queried = any(p["in"] == "query" for p in operation.get("parameters", []))
     if queried or "requestBody" in operation:
@@ -56,4 +61,5 @@ def document_errors(result, generator, request, public):
             for status, response in responses.items():
                 if status.startswith("4"):
                     response["content"] = content
+            responses["429"]["headers"] = {"Retry-After": RETRY_AFTER}
     return result

@@ -941,7 +941,7 @@ class ScreenActionSerializer(serializers.Serializer):
     def to_internal_value(self, data):
         if isinstance(data, dict):
             kind = data.get("type")
-            if kind in ACTION_FIELDS:
+            if isinstance(kind, str) and kind in ACTION_FIELDS:
                 required, optional = ACTION_FIELDS[kind]
                 unknown = sorted(set(data) - {"type", *required, *optional})
                 missing = [name for name in required if data.get(name) is None]

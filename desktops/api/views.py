@@ -88,7 +88,11 @@ class WorkspaceQuery(serializers.Serializer):
 
 class ApiViewSet(viewsets.GenericViewSet):
     """Base of every endpoint: knows its actor. What people do is audited by the services they call;
-    reads (a page polling, a script listing) are not."""
+    reads (a page polling, a script listing) are not. An action's `throttle_scope` limits its rate per
+    person (throttling.py)."""
+
+    throttle_scope: str | None = None
+    throttle_writes_only = False
 
     @property
     def actor(self) -> Actor:
@@ -223,7 +227,7 @@ class DesktopViewSet(ApiViewSet):
 
     @extend_schema(methods=["GET"], responses=s.ChatMessageSerializer(many=True))
     @extend_schema(methods=["POST"], request=s.ChatSendSerializer, responses={202: s.ChatMessageSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], throttle_scope="chat", throttle_writes_only=True)
     def chat(self, request, pk):
         """The conversation with the desktop's agent; POST a message, the answer arrives in it."""
         if request.method == "GET":
@@ -248,7 +252,7 @@ class DesktopViewSet(ApiViewSet):
         return Response(s.DesktopMonthCostsSerializer(costs).data)
 
     @extend_schema(request=s.RelaySessionRequestSerializer, responses={201: s.RelaySessionSerializer})
-    @action(detail=True, methods=["post"])
+    @action(detail=True, methods=["post"], throttle_scope="relay")
     def sessions(self, request, pk):
         """Mint single-use tickets opening the desktop's screen and terminal relays, in one mode."""
         desktop = self._desktop(pk)
@@ -393,7 +397,7 @@ class DesktopViewSet(ApiViewSet):
             503: OpenApiResponse(description=_("The desktop's shell is not answering (try again)")),
         },
     )
-    @action(detail=True, methods=["post"], url_path="exec")
+    @action(detail=True, methods=["post"], url_path="exec", throttle_scope="exec")
     def run_command(self, request, pk):
         """Run a command in the desktop as its agent user, over SSH: its exit code and output (the first
         MiB of each stream), within `timeout` seconds. Needs the role that may take control."""
@@ -433,7 +437,9 @@ class DesktopViewSet(ApiViewSet):
             503: SCREEN_DOWN,
         },
     )
-    @action(detail=True, methods=["get"], content_negotiation_class=ImageNegotiation)
+    @action(
+        detail=True, methods=["get"], content_negotiation_class=ImageNegotiation, throttle_scope="screenshot"
+    )
     def screenshot(self, request, pk):
         """The desktop's screen as a PNG or JPEG image, optionally scaled down to a width."""
         desktop = self._desktop(pk)
@@ -450,7 +456,7 @@ class DesktopViewSet(ApiViewSet):
     @extend_schema(
         responses={200: s.ScreenSerializer, 409: OpenApiResponse(description=_("The desktop is not running"))}
     )
-    @action(detail=True, methods=["get"], url_path="screen")
+    @action(detail=True, methods=["get"], url_path="screen", throttle_scope="screenshot")
     def screen_info(self, request, pk):
         """The screen's size, and where its pointer is when the desktop's screen says."""
         return Response(s.ScreenSerializer(screen.screen_info(desktop=self._desktop(pk))).data)
@@ -463,7 +469,7 @@ class DesktopViewSet(ApiViewSet):
             503: SCREEN_DOWN,
         },
     )
-    @action(detail=True, methods=["post"], url_path="actions")
+    @action(detail=True, methods=["post"], url_path="actions", throttle_scope="actions")
     def screen_actions(self, request, pk):
         """Move, click, drag, scroll, type and press keys on the desktop's screen, in order, then
         optionally take a screenshot once it has settled. The whole batch is checked before any of it
@@ -745,7 +751,7 @@ class WorkspaceViewSet(ApiViewSet):
         request=s.InvitationCreateSerializer,
         responses={201: s.InvitationSerializer, 409: NOT_NOW},
     )
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], throttle_scope="invitations", throttle_writes_only=True)
     def invitations(self, request, pk):
         """Invite someone by e-mail; they join once they accept from that address, confirmed."""
         workspace = self.workspace(pk, minimum=Role.ADMIN)

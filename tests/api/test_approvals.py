@@ -84,6 +84,21 @@ def test_the_policy_is_for_admins_and_checked(members, workspace):
     assert good.json()["approvalTimeout"] == 600
 
 
+def test_a_member_who_may_not_take_control_may_not_approve_whatever_the_policy_says(
+    members, workspace, asked
+):
+    # The policy lets members answer, but only admins may take control: approving would let a member
+    # make the agent do what they could not do themselves.
+    workspace.approval_role, workspace.control_role = Role.MEMBER, Role.ADMIN
+    workspace.save()
+    member = client_for(members[Role.MEMBER]).post(f"/api/approvals/{asked.id}/approve", {}, format="json")
+    assert member.status_code == 403 and "Admin" in member.json()["error"]["message"]
+    assert Approval.objects.get(id=asked.id).status == "pending"
+    assert approvals.approval_email(approval_id=asked.id) == 2  # the admin and the owner, not the member
+    admin = client_for(members[Role.ADMIN]).post(f"/api/approvals/{asked.id}/approve", {}, format="json")
+    assert admin.status_code == 200, admin.content
+
+
 def test_the_people_who_may_answer_are_told_by_e_mail(members, workspace, asked, mailoutbox):
     workspace.approval_role = Role.ADMIN
     workspace.save()

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from billing.models import Subscription
 from desktops import schedules
+from desktops.audit import Actor
 from desktops.models import AuditEvent, ChatMessage, Desktop, DesktopLabel, Role, Schedule, ScheduleRun
 from tests.conftest import client_for
 from tests.factories import DesktopFactory, MembershipFactory, TierFactory, api_key_for
@@ -109,6 +110,21 @@ def test_viewers_and_outsiders_cannot_act_on_a_fleet(workspace, members, plan):
     assert Desktop.objects.get(id=desktop.id).state == "running" and not desktop.labels.exists()
 
 
+def test_a_member_who_may_not_take_control_destroys_nothing(member_api, workspace, plan):
+    workspace.control_role = Role.ADMIN
+    workspace.save()
+    desktops = [DesktopFactory(workspace=workspace, plan=plan) for _ in range(2)]
+    one = member_api.delete(f"/api/desktops/{desktops[0].id}")
+    assert one.status_code == 403 and "Admin" in one.json()["error"]["message"]
+    everything = member_api.post(
+        "/api/desktops/bulk/destroy", {"workspaceId": workspace.id, "all": True}, format="json"
+    ).json()
+    assert everything["done"] == 0 and {r["code"] for r in everything["results"]} == {"permission_denied"}
+    assert set(Desktop.objects.filter(workspace=workspace).values_list("state", flat=True)) == {"running"}
+    # Stopping is still theirs: it loses nothing.
+    assert member_api.post(f"/api/desktops/{desktops[0].id}/stop").status_code == 202
+
+
 def test_labels_are_checked_counted_and_removed(member_api, workspace, plan):
     desktop = DesktopFactory(workspace=workspace, plan=plan)
     url = f"/api/desktops/{desktop.id}/labels"
@@ -144,6 +160,7 @@ def test_schedules_refuse_what_cannot_run(member_api, workspace, plan):
         ({"cron": "* * * * *", "message": "x"}, "cron"),  # every minute: too often
         ({"cron": "0 9 * * *", "message": "x", "timezone": "Mars/Olympus"}, "timezone"),
         ({"cron": "0 9 * * *", "message": "   "}, "message"),
+        ({"cron": "0 0 30 2 *", "message": "x"}, "cron"),  # 30 February: valid fields, no date
     ):
         answer = member_api.post(url, body, format="json")
         assert answer.status_code == 400 and field in answer.json()["error"]["fields"], body
@@ -215,3 +232,39 @@ def test_a_run_whose_author_lost_control_sends_nothing(workspace, members, plan)
     run = ScheduleRun.objects.get(id=run_id)
     assert run.status == "failed" and "needs the Admin role" in run.error
     assert not ChatMessage.objects.filter(desktop=desktop).exists()
+
+
+@pytest.mark.parametrize("gone", ["revoked", "expired", "deleted"])
+def test_a_schedule_made_with_a_key_stops_with_the_key(member_api, members, workspace, plan, gone):
+    desktop = DesktopFactory(workspace=workspace, plan=plan)
+    made = member_api.post(
+        f"/api/desktops/{desktop.id}/schedules", {"cron": "0 9 * * *", "message": "Bilan"}, format="json"
+    )
+    assert made.status_code == 201, made.content
+    schedule = Schedule.objects.get(id=made.json()["id"])
+    key = schedule.created_with_key
+    assert key is not None and key.created_by == members[Role.MEMBER].user
+    # The key leaks and is taken away; the schedule it made must not go on acting as its owner.
+    if gone == "revoked":
+        key.revoked_at = timezone.now()
+        key.save()
+    elif gone == "expired":
+        key.expires_at = timezone.now() - timedelta(seconds=1)
+        key.save()
+    else:
+        key.delete()
+    Schedule.objects.filter(id=schedule.id).update(next_run_at=timezone.now())
+    [run_id] = schedules.schedules_claim()
+    assert schedules.schedule_fire(run_id=run_id) == schedules.FINISHED
+    run = ScheduleRun.objects.get(id=run_id)
+    assert run.status == "failed" and "API key that made the schedule" in run.error
+    assert not ChatMessage.objects.filter(desktop=desktop).exists()
+
+    # Edited by its author in person, it runs as them again.
+    schedules.schedule_update(
+        actor=Actor(user=members[Role.MEMBER].user), schedule=Schedule.objects.get(id=schedule.id)
+    )
+    Schedule.objects.filter(id=schedule.id).update(next_run_at=timezone.now())
+    [run_id] = schedules.schedules_claim()
+    assert schedules.schedule_fire(run_id=run_id) == schedules.FINISHED
+    assert ScheduleRun.objects.get(id=run_id).status == "sent"

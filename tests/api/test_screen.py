@@ -191,6 +191,8 @@ BAD_BATCHES = {
     "a scroll of nothing": [{"type": "scroll", "x": 1, "y": 1}],
     "an unknown button": [{"type": "click", "x": 1, "y": 1, "button": "fourth"}],
     "not an object": ["click"],
+    "a type that is an object": [{"type": {}}],
+    "a type that is a list": [{"type": ["click"]}],
 }
 
 

@@ -142,9 +142,17 @@ def test_files_and_clipboard_in_the_viewer(page, site, lxc_api, workspace, plan)
     until(
         lambda: desktop_clipboard(desktop) == pasted, "the pasted text never reached the desktop's clipboard"
     )
+    # Pastejacking: what the desktop copies shows in the page, and reaches this computer's clipboard
+    # only on the person's click, even with the browser letting the page write to it.
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate("navigator.clipboard.writeText('mine')")
     copied = "Copié dans le bureau : déjà ç €"
     copy_in_desktop(desktop, copied)
     expect(page.locator("#desktop-clipboard")).to_have_value(copied, timeout=10000)
+    assert page.evaluate("navigator.clipboard.readText()") == "mine"
+    page.click("#desktop-clipboard-copy")
+    expect(page.locator("#desktop-clipboard-copy")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == copied
     screenshot(page, "viewer-files-04-clipboard")
 
     # Watching: nothing crosses either way, and the page says why.

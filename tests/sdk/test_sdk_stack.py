@@ -149,12 +149,23 @@ def cli_env(tmp_path):
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
 
 
+def test_login_over_plain_http_to_another_host_asks_first_and_sends_nothing_unless_told(cli_env, tmp_path):
+    refused = cli("login", "--url", "http://lebureau.example:8000", "--key", "lb_x", env=cli_env, input="\n")
+    assert refused.returncode == 1
+    assert "plain http to another machine" in " ".join(refused.stderr.split())
+    assert not (tmp_path / "config").exists()
+
+
 def test_the_cli_logs_in_then_drives_desktops_commands_and_schedules(
     site, key, cli_env, shell_desktop, tmp_path
 ):
+    # A config file left readable by all (by hand, or by an older CLI) does not keep its mode.
+    saved = tmp_path / "config" / "lebureau" / "config.json"
+    saved.parent.mkdir(parents=True)
+    saved.write_text("{}")
+    saved.chmod(0o644)
     login = cli("login", "--url", site, "--key", key, env=cli_env)
     assert login.returncode == 0, login.stderr
-    saved = tmp_path / "config" / "lebureau" / "config.json"
     assert saved.stat().st_mode & 0o777 == 0o600 and json.loads(saved.read_text())["api_key"] == key
 
     made = cli("desktops", "create", "cli-a", "--image", "minimal", "--label", "ci", "--json", env=cli_env)

@@ -248,19 +248,27 @@ document.getElementById("clipboard-form").addEventListener("submit", (event) => 
   clipboardField.value = "";
 });
 
+// What the desktop copies reaches this computer's clipboard only when the person asks, having read it:
+// a compromised desktop could otherwise plant a command for them to paste into a local terminal.
 const desktopClipboard = document.getElementById("desktop-clipboard");
 const clipboardNote = document.getElementById("clipboard-note");
+const clipboardCopy = document.getElementById("desktop-clipboard-copy");
 
-async function copiedInTheDesktop(text) {
+function copiedInTheDesktop(text) {
   if (!desktopClipboard) return;
   desktopClipboard.value = text;
-  try {
-    await navigator.clipboard.writeText(text);
-    show(clipboardNote, gettext("Copied in the desktop: it is in your clipboard too."));
-  } catch {
-    show(clipboardNote, gettext("Copied in the desktop: your browser keeps its clipboard from this page, copy it from the field."));
-  }
+  clipboardCopy.disabled = !text;
+  clipboardCopy.textContent = clipboardCopy.dataset.label;
+  show(clipboardNote, gettext("Copied in the desktop: read it, then put it in your clipboard with the button."));
 }
+clipboardCopy?.addEventListener("click", async () => {
+  try {
+    await navigator.clipboard.writeText(desktopClipboard.value);
+    clipboardCopy.textContent = clipboardCopy.dataset.copied;
+  } catch {
+    show(clipboardNote, gettext("Your browser keeps its clipboard from this page: copy the text from the field."));
+  }
+});
 
 // Files: into the agent's home (or a folder of it) by dropping them on the screen or choosing them,
 // out as a file or a folder's zip; each transfer with its progress. The API does the checking.

@@ -412,9 +412,7 @@ class ResolverService:
         self.address = (host, self.udp.server.server_address[1])
 
     def _server(self, host: str, port: int, *, tcp: bool) -> DNSServer:
-        return DNSServer(
-            self.resolver, address=host, port=port, tcp=tcp, logger=_Quiet(), handler=_Handler
-        )
+        return DNSServer(self.resolver, address=host, port=port, tcp=tcp, logger=_Quiet(), handler=_Handler)
 
     def start(self) -> ResolverService:
         self.udp.start_thread()

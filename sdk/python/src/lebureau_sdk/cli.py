@@ -17,7 +17,7 @@ from rich.table import Table
 
 from lebureau_sdk import Client, LeBureauError, NotConfigured, models
 from lebureau_sdk._core import camel
-from lebureau_sdk.config import DEFAULT_URL, resolve, save, saved
+from lebureau_sdk.config import DEFAULT_URL, in_clear, resolve, save, saved
 
 app = typer.Typer(no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 desktops_app = typer.Typer(no_args_is_help=True, help="Create, list, start, stop and destroy desktops.")
@@ -105,9 +105,19 @@ def show_desktops(desktops: list[models.Desktop], as_json: bool) -> None:
 def login(
     url: Annotated[str, typer.Option(help="Mission Control's address.")] = "",
     key: Annotated[str, typer.Option(help="An API key (lb_…); asked for when not given.")] = "",
+    allow_http: Annotated[
+        bool, typer.Option(help="Send the key over plain http to a host other than this machine.")
+    ] = False,
 ) -> None:
     """Save the address and an API key (Settings → API keys in Mission Control) for later commands."""
     url = url or saved().get("url") or DEFAULT_URL
+    if in_clear(url) and not allow_http:
+        err.print(
+            f"[bold yellow]{url} is plain http to another machine:[/] the key would cross the network "
+            "unencrypted, for anyone on the way to read. Use https, or pass --allow-http."
+        )
+        if not typer.confirm("Send it anyway?", default=False, err=True):
+            raise typer.Exit(1)
     key = key or typer.prompt("API key", hide_input=True)
     with Client(url, key) as api:
         workspace = next(iter(api.workspaces.list()))
