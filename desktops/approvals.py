@@ -199,7 +199,9 @@ def approval_screenshot_take(*, approval_id: str) -> bool:
     if approval is None or approval_status(approval) != Status.PENDING:
         return False
     try:
-        shot = screen_screenshot(desktop=approval.desktop, options=SCREENSHOT, seconds=SCREENSHOT_SECONDS)
+        shot = screen_screenshot(
+            desktop=approval.desktop, options=SCREENSHOT, caller=None, seconds=SCREENSHOT_SECONDS
+        )
     except (Conflict, Unavailable):
         return False
     ApprovalScreenshot.objects.update_or_create(

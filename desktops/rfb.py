@@ -53,23 +53,29 @@ class RfbReader:
 
     def __init__(self, next_chunk: Callable[[], Awaitable[bytes]]):
         self.next_chunk = next_chunk
+        # What is read is passed over (`start`), and dropped only when more must come: dropping it at
+        # each read would move the rest of a large chunk each time, thousands of times a chunk.
         self.buffer = bytearray()
+        self.start = 0
 
     async def read(self, size: int) -> bytes:
-        while len(self.buffer) < size:
+        while len(self.buffer) - self.start < size:
             chunk = await self.next_chunk()
             if not chunk:
                 raise ServerRefused("the server closed the RFB stream")
+            del self.buffer[: self.start]
+            self.start = 0
             self.buffer += chunk
-        data = bytes(self.buffer[:size])
-        del self.buffer[:size]
+        data = bytes(self.buffer[self.start : self.start + size])
+        self.start += size
         return data
 
     async def read_into(self, view: memoryview) -> None:
         """Fill `view` (a large rectangle's pixels) without building it up in a bytes object first."""
-        filled = min(len(view), len(self.buffer))
-        view[:filled] = self.buffer[:filled]
-        del self.buffer[:filled]
+        filled = min(len(view), len(self.buffer) - self.start)
+        view[:filled] = self.buffer[self.start : self.start + filled]
+        del self.buffer[: self.start + filled]
+        self.start = 0
         while filled < len(view):
             chunk = await self.next_chunk()
             if not chunk:
@@ -80,8 +86,9 @@ class RfbReader:
             self.buffer += chunk[used:]
 
     def rest(self) -> bytes:
-        data = bytes(self.buffer)
+        data = bytes(self.buffer[self.start :])
         self.buffer.clear()
+        self.start = 0
         return data
 
 

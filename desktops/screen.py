@@ -10,6 +10,7 @@ screen's size too, before its first action is sent: a bad one changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import math
 import struct
@@ -42,12 +43,15 @@ MAX_SETTLE = 2.0
 DRAG_STEPS = 8
 CONNECT_TIMEOUT = 15
 # What a desktop's screen server may ask of the control plane, whoever runs it (the desktop's root may
-# replace it): a screen of at most this many pixels (an 8K one: 128 MiB at 4 bytes a pixel), and per
-# update at most so many rectangles, drawing at most so many screens' worth of pixels.
+# replace it): a screen of at most this many pixels (a 4K one: 32 MiB at 4 bytes a pixel), and per
+# update at most so many rectangles, drawing at most so many screens' worth of pixels, in at most so
+# many rows per line of the screen (a row narrower than the screen is copied on its own, about a
+# microsecond each: a server's updates redraw what changed, seldom the screen's height twice).
 MAX_SCREEN_SIDE = 8192
-MAX_SCREEN_PIXELS = 7680 * 4320
+MAX_SCREEN_PIXELS = 3840 * 2160
 MAX_RECTS_PER_UPDATE = 10_000
 MAX_SCREENS_PER_UPDATE = 4
+MAX_ROWS_PER_LINE = 16
 
 # RFB messages (RFC 6143 §7.5, §7.6) and the pseudo-encodings the client asks for.
 SET_PIXEL_FORMAT, SET_ENCODINGS, UPDATE_REQUEST, KEY_EVENT, POINTER_EVENT = 0, 2, 3, 4, 5
@@ -250,6 +254,8 @@ class RfbScreen:
             )
         except (ServerRefused, TimeoutError) as exc:
             await link.stream.close()
+            if isinstance(exc, TimeoutError):  # connected, never greeted
+                raise Unavailable(_("The desktop's screen is not answering: try again in a moment.")) from exc
             refused = _("The desktop's screen refused the connection: try again in a moment.")
             raise Unavailable(refused) from exc
         width, height = struct.unpack_from(">HH", server_init)
@@ -303,14 +309,19 @@ class RfbScreen:
         (count,) = struct.unpack(">xH", await self.reader.read(3))
         if count > MAX_RECTS_PER_UPDATE:
             raise ServerRefused(f"an update of {count} rectangles")
-        drawn, loop = 0, asyncio.get_running_loop()
+        drawn = rows = 0
+        loop = asyncio.get_running_loop()
         for _step in range(count):
             if loop.time() > self.deadline:
                 raise TimeoutError
             x, y, w, h, encoding = struct.unpack(">HHHHi", await self.reader.read(12))
             if encoding in (RAW, COPY_RECT):
-                drawn += w * h
-                if drawn > MAX_SCREENS_PER_UPDATE * self.framebuffer.width * self.framebuffer.height:
+                fb = self.framebuffer
+                drawn, rows = drawn + w * h, rows + h
+                if (
+                    drawn > MAX_SCREENS_PER_UPDATE * fb.width * fb.height
+                    or rows > MAX_ROWS_PER_LINE * fb.height
+                ):
                     raise ServerRefused("an update drawing the screen over and over")
             await self._rectangle(x, y, w, h, encoding)
         return True
@@ -471,8 +482,14 @@ class _Session:
             self.runner.close()
 
 
+def _slot(caller: Actor | None, seconds: float):
+    """One of the caller's long-call slots for a session (each may hold a whole screen in memory):
+    none for the platform's own screenshots, which are time-boxed and shared per workspace instead."""
+    return LongCall(caller, seconds) if caller is not None else contextlib.nullcontext()
+
+
 def screen_screenshot(
-    *, desktop: Desktop, options: ScreenshotOptions, seconds: float = CONNECT_TIMEOUT
+    *, desktop: Desktop, options: ScreenshotOptions, caller: Actor | None, seconds: float = CONNECT_TIMEOUT
 ) -> Screenshot:
     """The desktop's screen as an image, within `seconds` to connect and as many to draw; any role
     that sees the desktop may take one."""
@@ -482,11 +499,13 @@ def screen_screenshot(
         await screen.full()
         return screen.pixels()
 
-    with _Session(desktop, "view", connect_within=seconds) as session:
-        return session.step(shoot, seconds).image(options)
+    with _slot(caller, 2 * seconds), _Session(desktop, "view", connect_within=seconds) as session:
+        database_let_go()
+        pixels = session.step(shoot, seconds)
+    return pixels.image(options)
 
 
-def screen_info(*, desktop: Desktop) -> ScreenInfo:
+def screen_info(*, desktop: Desktop, caller: Actor | None) -> ScreenInfo:
     """The screen's size, and where its pointer is if the desktop's server says."""
     _running(desktop)
 
@@ -497,7 +516,7 @@ def screen_info(*, desktop: Desktop) -> ScreenInfo:
         fb = screen.framebuffer
         return ScreenInfo(fb.width, fb.height, screen.name, fb.cursor)
 
-    with _Session(desktop, "view") as session:
+    with _slot(caller, 2 * CONNECT_TIMEOUT), _Session(desktop, "view") as session:
         return session.step(read, CONNECT_TIMEOUT)
 
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import requests
+from django.conf import settings
 from PIL import Image, ImageChops
 
 from desktops import approvals
@@ -123,6 +124,20 @@ def test_a_runaway_agent_cannot_flood_its_operators(guest, members):
     refused = call(guest, "/v1/approvals", token, "POST", json={"title": "un de trop"})
     assert refused.status_code == 409, refused.text
     assert desktop.approvals.count() == approvals.MAX_PENDING
+
+
+def test_requests_that_expire_at_once_still_count_against_the_desktops_rate(guest, members):
+    # A second's wait each: none stays pending long enough to meet MAX_PENDING, all are counted.
+    _desktop, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    rate = int(settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["approvals"].split("/")[0])
+    for i in range(rate):
+        asked = call(guest, "/v1/approvals", token, "POST", json={"title": f"n°{i}", "timeout": 1})
+        assert asked.status_code in (201, 409), asked.text
+    refused = call(guest, "/v1/approvals", token, "POST", json={"title": "encore", "timeout": 1})
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+    # Another desktop has its own count.
+    _other, other_token = desktop_with_token(workspace=members[Role.OWNER].workspace)
+    assert call(guest, "/v1/approvals", other_token, "POST", json={"title": "moi"}).status_code == 201
 
 
 def test_a_body_too_large_is_refused_unread(guest, members):

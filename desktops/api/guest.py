@@ -17,6 +17,7 @@ from desktops import alerts, approvals, screen
 from desktops.api import serializers as s
 from desktops.api.rendering import ImageNegotiation
 from desktops.api.views import BodyTooLarge
+from desktops.audit import desktop_actor
 from desktops.models import Approval, Desktop
 
 
@@ -157,7 +158,9 @@ class ScreenLook(GuestView):
         query = s.ScreenshotQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         options = screen.ScreenshotOptions(query.validated_data["format"], query.validated_data.get("width"))
-        shot = screen.screen_screenshot(desktop=self.desktop, options=options)
+        shot = screen.screen_screenshot(
+            desktop=self.desktop, options=options, caller=desktop_actor(self.desktop)
+        )
         return Response(s.ScreenshotSerializer(shot).data)
 
 

@@ -445,7 +445,9 @@ class DesktopViewSet(ApiViewSet):
         desktop = self._desktop(pk)
         query = self.query(s.ScreenshotQuery)
         shot = screen.screen_screenshot(
-            desktop=desktop, options=screen.ScreenshotOptions(query["format"], query.get("width"))
+            desktop=desktop,
+            options=screen.ScreenshotOptions(query["format"], query.get("width")),
+            caller=self.actor,
         )
         response = HttpResponse(shot.data, content_type=shot.content_type)
         response["Cache-Control"] = "no-store"
@@ -459,7 +461,8 @@ class DesktopViewSet(ApiViewSet):
     @action(detail=True, methods=["get"], url_path="screen", throttle_scope="screenshot")
     def screen_info(self, request, pk):
         """The screen's size, and where its pointer is when the desktop's screen says."""
-        return Response(s.ScreenSerializer(screen.screen_info(desktop=self._desktop(pk))).data)
+        info = screen.screen_info(desktop=self._desktop(pk), caller=self.actor)
+        return Response(s.ScreenSerializer(info).data)
 
     @extend_schema(
         request=s.ScreenActionsSerializer,
