@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -17,7 +18,7 @@ from billing.selectors import meter_end, spend_this_month, tier_default, tier_of
 from billing.signals import spend_threshold_reached
 from desktops.audit import Actor, audit_record
 from desktops.engines import desktop_disk_usage
-from desktops.errors import Forbidden, Invalid, NotFound
+from desktops.errors import Forbidden, Invalid, NotFound, QuotaExceeded
 from desktops.models import Desktop, Role, Workspace
 from desktops.models import DesktopState as S
 from desktops.selectors import workspace_get
@@ -30,11 +31,26 @@ THRESHOLDS = (80, 100)
 # Tiers and credits
 
 
-def subscription_start(*, workspace: Workspace) -> Subscription:
-    """A new workspace goes on the default tier, recorded so that a later default does not move it."""
-    subscription, _created = Subscription.objects.get_or_create(
-        workspace=workspace, defaults={"tier": tier_default()}
-    )
+def subscription_start(*, workspace: Workspace, owner) -> Subscription:
+    """A new workspace goes on the default tier, recorded so that a later default does not move it.
+
+    A tier without a fee is one person's to own FREE_WORKSPACES_PER_PERSON times: its quotas are per
+    workspace, and workspaces cost nothing to make, so more of them would multiply the free quotas.
+    """
+    tier = tier_default()
+    if tier.monthly_fee == 0:
+        owned = Subscription.objects.filter(
+            tier__monthly_fee=0, workspace__memberships__user=owner, workspace__memberships__role=Role.OWNER
+        ).exclude(workspace=workspace)
+        if owned.count() >= settings.FREE_WORKSPACES_PER_PERSON:
+            raise QuotaExceeded(
+                _(
+                    "You own %(n)d workspace(s) on the %(tier)s tier already, as many as one person may: "
+                    "move one to a paid tier, or work in the one you have."
+                )
+                % {"n": settings.FREE_WORKSPACES_PER_PERSON, "tier": tier.name}
+            )
+    subscription, _created = Subscription.objects.get_or_create(workspace=workspace, defaults={"tier": tier})
     return subscription
 
 

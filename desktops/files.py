@@ -10,6 +10,7 @@ broken upload leaves nothing half-written. Each transfer is audited.
 from __future__ import annotations
 
 import posixpath
+import re
 import stat
 import uuid
 import zipfile
@@ -65,7 +66,7 @@ def desktop_file_download(*, actor: Actor, desktop_id: str, path: str) -> Downlo
         elif stat.S_ISREG(info.st_mode):
             _check_size(info.st_size, cap)
             name, content_type, size = posixpath.basename(target), "application/octet-stream", info.st_size
-            chunks = session.read(target)
+            chunks = session.read(target, info.st_size)
         else:
             raise Invalid(_("%(path)s is neither a file nor a folder.") % {"path": path})
     except BaseException:
@@ -204,10 +205,14 @@ class _Session:
             elif stat.S_ISREG(entry.st_mode):
                 yield path, entry.st_size, entry.st_mtime
 
-    def read(self, path: str) -> Iterator[bytes]:
+    def read(self, path: str, size: int) -> Iterator[bytes]:
+        """The file's first `size` bytes, its size when its size was checked: one that grows meanwhile
+        streams no more than was counted against the plan (and announced as its length)."""
         with self.sftp.open(path, "rb") as f:
-            f.prefetch()
-            while chunk := f.read(CHUNK):
+            f.prefetch(size)
+            left = size
+            while left and (chunk := f.read(min(CHUNK, left))):
+                left -= len(chunk)
                 yield chunk
 
     def makedirs(self, folder: str) -> None:
@@ -267,16 +272,27 @@ class _Sink:
         return data
 
 
+# Characters that an extractor on another system may take for a separator, a drive or a device, and
+# control characters: in an entry's name each becomes "_", so no name the agent chose climbs out of the
+# folder it is extracted to (`..\\..\\x` would, where "\\" separates).
+UNSAFE_IN_ZIP = re.compile(r"[\\:\x00-\x1f\x7f]")
+
+
+def _zip_name(relative: str) -> str:
+    return UNSAFE_IN_ZIP.sub("_", relative)
+
+
 def _zip_chunks(session: _Session, folder: str, entries: list[tuple[str, int, int]]) -> Iterator[bytes]:
     sink = _Sink()
     with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
-        for path, _size, mtime in entries:
+        for path, size, mtime in entries:
             info = zipfile.ZipInfo(
-                posixpath.relpath(path, folder), datetime.fromtimestamp(max(mtime, 315532800)).timetuple()[:6]
+                _zip_name(posixpath.relpath(path, folder)),
+                datetime.fromtimestamp(max(mtime, 315532800)).timetuple()[:6],
             )
             info.compress_type = zipfile.ZIP_DEFLATED
             with archive.open(info, "w", force_zip64=True) as member:
-                for chunk in session.read(path):
+                for chunk in session.read(path, size):
                     member.write(chunk)
                     yield sink.take()
         yield sink.take()

@@ -67,7 +67,7 @@ def workspace_create(*, user, name: str) -> Workspace:
         workspace = _validated(Workspace(name=name))
         workspace.save()
         Membership.objects.create(workspace=workspace, user=user, role=Role.OWNER)
-        subscription_start(workspace=workspace)
+        subscription_start(workspace=workspace, owner=user)
         egress_preset_create(workspace=workspace, user=user)
         audit_record(
             actor=Actor(user=user), action="workspace.create", workspace_id=workspace.id, target=workspace.id

@@ -391,6 +391,8 @@ DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
 DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
 # The tier new workspaces go on (each keeps it until support changes it).
 DEFAULT_TIER = env.str("DEFAULT_TIER", "free")
+# Workspaces on a tier without a fee that one person may own (quotas are per workspace).
+FREE_WORKSPACES_PER_PERSON = env.int("FREE_WORKSPACES_PER_PERSON", 1)
 # Billing's periodic work: measure every desktop's disk (storage is billed in GiB-hours of those
 # measures), then record the workspaces whose spend reached 80 % or 100 % of their cap.
 BILLING_METER_INTERVAL = env.float("BILLING_METER_INTERVAL", 600.0)

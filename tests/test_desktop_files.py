@@ -74,6 +74,12 @@ def test_files_go_in_and_out_of_the_agents_home_and_nowhere_else(lxc_api, plan):
         assert response.status_code in (400, 404), (path, response.status_code)
         assert b"root:" not in response.content
     assert put(lxc_api, desktop, "etc-link/evil", b"x").status_code == 400
+    # Zip slip: a name the agent chose that an extractor reading "\\" as a separator would climb out by.
+    run(desktop, r"mkdir -p ~/slip && printf x > ~/slip/'..\..\evil' && printf y > ~/slip/'C:x'")
+    names = zipfile.ZipFile(
+        io.BytesIO(body_of(lxc_api.get(f"/api/desktops/{desktop.id}/files?path=slip")))
+    ).namelist()
+    assert sorted(names) == [".._.._evil", "C_x"]
     assert put(lxc_api, desktop, "../../tmp/evil", b"x").status_code == 400
     assert lxc_api.get(f"/api/desktops/{desktop.id}/files?path=absent.txt").status_code == 404
 
@@ -88,4 +94,4 @@ def test_files_go_in_and_out_of_the_agents_home_and_nowhere_else(lxc_api, plan):
     assert lxc_api.get(f"/api/desktops/{desktop.id}/files?path=projet").status_code == 413
 
     actions = list(AuditEvent.objects.filter(target=desktop.id).values_list("action", flat=True))
-    assert actions.count("desktop.file_upload") == 1 and actions.count("desktop.file_download") == 2
+    assert actions.count("desktop.file_upload") == 1 and actions.count("desktop.file_download") == 3

@@ -10,12 +10,12 @@ import time_machine
 from django.db import connection
 
 from billing import services as billing
-from billing.models import SpendAlert, Tier
+from billing.models import SpendAlert, Subscription, Tier
 from billing.signals import spend_threshold_reached
 from desktops import services
 from desktops.audit import Actor
 from desktops.errors import QuotaExceeded
-from desktops.models import AuditEvent, Desktop, DesktopState, Role
+from desktops.models import AuditEvent, Desktop, DesktopState, Membership, Role
 from tests.conftest import client_for
 from tests.factories import (
     DesktopFactory,
@@ -49,6 +49,26 @@ def refused(response, message: str) -> None:
 def test_new_workspaces_are_on_the_free_tier(user):
     workspace = services.workspace_create(user=user, name="Beta")
     assert workspace.subscription.tier.name == "free"
+
+
+@pytest.mark.django_db
+def test_more_free_workspaces_do_not_multiply_the_free_quotas(user):
+    # Each workspace has its own quotas: a second free one would double them, a tenth multiply by ten.
+    person = client_for(key=None)
+    person.force_login(user)
+    assert person.get("/api/workspaces").status_code == 200  # the first log-in made their own
+    [own] = Membership.objects.filter(user=user, role=Role.OWNER)
+    for name in ("Deux", "Trois"):
+        refused(
+            person.post("/api/workspaces", {"name": name}, format="json"),
+            "You own 1 workspace(s) on the free",
+        )
+    assert Membership.objects.filter(user=user, role=Role.OWNER).count() == 1
+    # Their workspace moved to a paid tier leaves room for a free one.
+    Subscription.objects.filter(workspace_id=own.workspace_id).update(
+        tier=TierFactory(monthly_fee=Decimal(20))
+    )
+    assert person.post("/api/workspaces", {"name": "Deux"}, format="json").status_code == 201
 
 
 @pytest.mark.django_db
