@@ -120,14 +120,11 @@ def desktop_by_token(token: str) -> Desktop | None:
 def _hidden_character(text: str) -> str | None:
     """The first character that shows nothing or reorders what follows (bidi and zero-width controls, and
     control characters but tab and newlines): the approver reads the request as the digest binds it."""
-    return next(
-        (
-            c
-            for c in text
-            if unicodedata.category(c) == "Cf" or (unicodedata.category(c) == "Cc" and c not in "\t\n\r")
-        ),
-        None,
-    )
+    for character in text:
+        kind = unicodedata.category(character)
+        if kind == "Cf" or (kind == "Cc" and character not in "\t\n\r"):
+            return character
+    return None
 
 
 def approval_request(

@@ -247,6 +247,10 @@ class ApiKey(models.Model):
     def __str__(self):
         return f"{self.name} ({self.prefix}…)"
 
+    def usable(self) -> bool:
+        """Neither revoked nor expired: what it opened or made may still act."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
 
 class LLMProvider(models.TextChoices):
     ANTHROPIC = "anthropic"

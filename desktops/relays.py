@@ -163,9 +163,8 @@ def relay_grant_recheck(grant: RelayGrant) -> str:
     desktop = Desktop.objects.select_related("workspace").filter(id=grant.desktop_id).first()
     api_key = None
     if grant.api_key_id:
-        now = timezone.now()
-        api_key = ApiKey.objects.filter(id=grant.api_key_id, revoked_at__isnull=True).first()
-        if api_key is None or (api_key.expires_at is not None and api_key.expires_at <= now):
+        api_key = ApiKey.objects.filter(id=grant.api_key_id).first()
+        if api_key is None or not api_key.usable():
             raise RelayDenied(4403, _("The API key that opened this relay is no longer valid."))
     role = (
         role_in(actor=Actor(user=user, api_key=api_key), workspace_id=desktop.workspace_id)

@@ -216,11 +216,7 @@ def _key_usable(schedule: Schedule) -> bool:
     if not schedule.made_with_key:
         return True
     key = schedule.created_with_key  # None once the key is deleted
-    return (
-        key is not None
-        and key.revoked_at is None
-        and (key.expires_at is None or key.expires_at > timezone.now())
-    )
+    return key is not None and key.usable()
 
 
 def schedule_actor(schedule: Schedule) -> Actor:

@@ -37,6 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # Desktops made through the API in tests get an LXC network and state of their own, apart from the
 # driver suite's and from a control plane running on this host.
 LXC_IMAGE = Path("/var/lib/lebureau/images/minimal/current/image.json")
+# The marks of a module whose tests make real LXC desktops through the API and its worker.
+LXC_DESKTOP_TESTS = [
+    pytest.mark.lxc,
+    pytest.mark.worker,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
+    ),
+]
 # Where the scripted model server listens, on the test bridge's host address.
 SCRIPTED_MODEL_PORT = 18431
 FULL_IMAGE = Path("/var/lib/lebureau/images/full/current/image.json")

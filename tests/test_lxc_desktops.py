@@ -5,22 +5,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from desktops.guest import vnc_password
 from desktops.models import Desktop
-from tests.conftest import LXC_IMAGE, LXC_TEST_SETTINGS
+from tests.conftest import LXC_DESKTOP_TESTS, LXC_TEST_SETTINGS
 from tests.support.desktops import act, provision, run, wait_for_state
 from tests.support.rfb import wait_for_a_drawn_screen
 
-pytestmark = [
-    pytest.mark.lxc,
-    pytest.mark.worker,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
-    ),
-]
+pytestmark = LXC_DESKTOP_TESTS
 
 
 def lease(desktop_id: str) -> str | None:

@@ -3,25 +3,17 @@
 import time
 
 import paramiko
-import pytest
 from django.test import Client
 
 from desktops import alerts
 from desktops.guest import desktop_ssh_connect
 from desktops.models import Desktop, Role
-from tests.conftest import LXC_IMAGE, client_for
+from tests.conftest import LXC_DESKTOP_TESTS, client_for
 from tests.factories import api_key_for
 from tests.support.desktops import provision
 from tests.support.internet import ALLOWED, BLOCKED
 
-pytestmark = [
-    pytest.mark.lxc,
-    pytest.mark.worker,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
-    ),
-]
+pytestmark = LXC_DESKTOP_TESTS
 
 FETCH = (
     'python3 -c "import sys, urllib.request; '

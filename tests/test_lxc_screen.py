@@ -9,22 +9,14 @@ import base64
 import io
 import time
 
-import pytest
 from PIL import Image, ImageChops
 
 from desktops.models import AuditEvent, Role
-from tests.conftest import LXC_IMAGE, client_for
+from tests.conftest import LXC_DESKTOP_TESTS, client_for
 from tests.factories import api_key_for
 from tests.support.desktops import provision, run
 
-pytestmark = [
-    pytest.mark.lxc,
-    pytest.mark.worker,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
-    ),
-]
+pytestmark = LXC_DESKTOP_TESTS
 
 UNICODE = "Les élèves à l'école : « ça va », 10 € — ok"
 

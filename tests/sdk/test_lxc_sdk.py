@@ -15,18 +15,11 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from desktops.models import Desktop, Role, Schedule, ScheduleRun
 from lebureau.celery import app as celery_app
-from tests.conftest import LXC_IMAGE, ROOT, web_server
+from tests.conftest import LXC_DESKTOP_TESTS, ROOT, web_server
 from tests.factories import api_key_for
 from tests.support.desktops import provision, wait_for_state
 
-pytestmark = [
-    pytest.mark.lxc,
-    pytest.mark.worker,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not LXC_IMAGE.is_file(), reason="the minimal golden image is not built (make setup builds it)"
-    ),
-]
+pytestmark = LXC_DESKTOP_TESTS
 LEBUREAU = str(Path(sys.executable).with_name("lebureau"))
 # Four lines, half a second apart: the answer grows while the SDK polls it.
 STREAMING_AGENT = "bash -c 'for i in 1 2 3 4; do echo \"$1 $i\"; sleep 0.5; done' agent {message}"
