@@ -221,10 +221,23 @@ def approval_screenshot_get(*, actor: Actor, approval_id: str) -> ApprovalScreen
     return shot
 
 
+# The window of APPROVAL_EMAILS_PER_HOUR.
+EMAILS_WINDOW = timedelta(hours=1)
+
+
 def approval_email(*, approval_id: str) -> int:
     """Tell the people who may answer a request that it waits, by e-mail; how many were told."""
     approval = Approval.objects.select_related("desktop__workspace").filter(id=approval_id).first()
     if approval is None or approval_status(approval) != Status.PENDING:
+        return 0
+    # An agent writes the words of these mails: a desktop's requests are mailed APPROVAL_EMAILS_PER_HOUR
+    # an hour at most (the others wait in the inbox all the same), so that it cannot serve as a spam relay.
+    rank = Approval.objects.filter(
+        desktop_id=approval.desktop_id,
+        requested_at__gt=approval.requested_at - EMAILS_WINDOW,
+        requested_at__lte=approval.requested_at,
+    ).count()
+    if rank > settings.APPROVAL_EMAILS_PER_HOUR:
         return 0
     workspace = approval.desktop.workspace
     emails = member_emails(workspace=workspace, minimum=approval_role_needed(workspace))
@@ -239,11 +252,15 @@ def approval_email(*, approval_id: str) -> int:
     subject = _("[Le Bureau] %(desktop)s asks: %(title)s") % words
     body = (
         _(
-            "The agent of %(desktop)s asks for your approval before going on:\n\n%(title)s\n\n%(details)s\n\n"
+            "The agent of %(desktop)s asks for your approval before going on. What follows is the "
+            "agent's own wording, not Le Bureau's:\n\n%(title)s\n\n%(details)s\n\n"
             "(in %(cwd)s)\n\nApprove or deny it before %(until)s, or it is refused: %(link)s\n"
         )
         % words
     )
+    if rank == settings.APPROVAL_EMAILS_PER_HOUR:
+        last = _("This desktop's further requests this hour wait in the inbox without an e-mail.")
+        body += f"\n{last}\n"
     return send_mass_mail([(subject, body, None, [email]) for email in emails])
 
 

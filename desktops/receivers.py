@@ -1,15 +1,18 @@
-"""Hooks on Django's signals: audit every log-in, give first-timers a workspace, and cut a deactivated
-account's open relays and event streams at once."""
+"""Hooks on Django's signals: audit every log-in, give first-timers a workspace, and cut open relays and
+event streams at once when an account is deactivated, deleted or given a new password, or a membership or
+API key is deleted, whichever path did it (a service, the admin, a shell). Relays also check again on
+every heartbeat, which catches what no signal reports (a queryset update)."""
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_login_failed
-from django.db.models.signals import post_save
+from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
 from django.dispatch import receiver
 
 from desktops import selectors, services
 from desktops.audit import Actor, audit_record
-from desktops.events import AccessChanged, publish_access_change
-from desktops.models import Membership
+from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
+from desktops.models import ApiKey, Membership
+from desktops.relays import relays_end_for_new_password
 
 
 @receiver(user_logged_in)
@@ -28,9 +31,38 @@ def on_login_failed(sender, credentials, request=None, **kwargs):
     audit_record(actor=Actor(system="anonymous"), action="auth.login_failed", target=tried[:200])
 
 
+def _access_changed_everywhere(user) -> None:
+    for workspace_id in Membership.objects.filter(user=user).values_list("workspace_id", flat=True):
+        publish_access_change(AccessChanged(user_id=user.pk, workspace_id=workspace_id))
+
+
+@receiver(pre_save, sender=get_user_model())
+def on_user_saving(sender, instance, **kwargs):
+    # set_password() keeps the new password here until save(): whoever set it (a page, the admin, a command).
+    instance.password_is_new = instance.pk is not None and getattr(instance, "_password", None) is not None
+
+
 @receiver(post_save, sender=get_user_model())
 def on_user_saved(sender, instance, **kwargs):
-    # A deactivated account's open relays and event streams close now, in every workspace.
-    if not instance.is_active:
-        for workspace_id in Membership.objects.filter(user=instance).values_list("workspace_id", flat=True):
-            publish_access_change(AccessChanged(user_id=instance.pk, workspace_id=workspace_id))
+    if getattr(instance, "password_is_new", False):
+        # The old password may be what leaked: what was opened with it ends (Django ends its sessions).
+        relays_end_for_new_password(user_id=instance.pk)
+        _access_changed_everywhere(instance)
+    elif not instance.is_active:
+        _access_changed_everywhere(instance)
+
+
+@receiver(pre_delete, sender=get_user_model())
+def on_user_deleting(sender, instance, **kwargs):
+    # Before the memberships go with the account: they say which workspaces' streams to cut.
+    _access_changed_everywhere(instance)
+
+
+@receiver(post_delete, sender=Membership)
+def on_membership_deleted(sender, instance, **kwargs):
+    publish_access_change(AccessChanged(user_id=instance.user_id, workspace_id=instance.workspace_id))
+
+
+@receiver(post_delete, sender=ApiKey)
+def on_api_key_deleted(sender, instance, **kwargs):
+    publish_api_key_revoked(instance.id, instance.created_by_id, instance.workspace_id)

@@ -158,7 +158,8 @@ def relay_ticket_claim(
 
 
 def relay_grant_recheck(grant: RelayGrant) -> str:
-    """Check a grant against the present: the user, key and role still allow it, the desktop still runs."""
+    """Check a grant against the present: its ticket was not ended, the user, key and role still allow
+    it, the desktop still runs."""
     user = get_user_model().objects.filter(pk=grant.user_id, is_active=True).first()
     desktop = Desktop.objects.select_related("workspace").filter(id=grant.desktop_id).first()
     api_key = None
@@ -166,6 +167,10 @@ def relay_grant_recheck(grant: RelayGrant) -> str:
         api_key = ApiKey.objects.filter(id=grant.api_key_id).first()
         if api_key is None or not api_key.usable():
             raise RelayDenied(4403, _("The API key that opened this relay is no longer valid."))
+    if not RelayTicket.objects.filter(id=grant.ticket_id, closed_at__isnull=True).exists():
+        raise RelayDenied(
+            4403, _("This relay was ended by a change to your account: open the desktop again.")
+        )
     role = (
         role_in(actor=Actor(user=user, api_key=api_key), workspace_id=desktop.workspace_id)
         if user and desktop
@@ -176,6 +181,16 @@ def relay_grant_recheck(grant: RelayGrant) -> str:
     if desktop.state != DesktopState.RUNNING or not desktop.private_ip:
         raise RelayDenied(4409, _("The desktop is %(state)s, not running.") % {"state": desktop.state})
     return desktop.private_ip
+
+
+def relays_end_for_new_password(*, user_id: int) -> None:
+    """End the relays (and unused tickets) that a user's browser sessions opened; those of an API key go
+    on, as the key does. Each open relay finds out on its next check (an access change makes it now)."""
+    ended = RelayTicket.objects.filter(user_id=user_id, closed_at__isnull=True).exclude(session_hash="")
+    desktop_ids = set(ended.values_list("desktop_id", flat=True))
+    ended.update(closed_at=timezone.now())
+    for desktop_id in desktop_ids:
+        _watchers_changed(desktop_id)
 
 
 def relay_seen(grant: RelayGrant) -> None:

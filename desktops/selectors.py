@@ -119,6 +119,11 @@ def invitations_for(*, user) -> QuerySet[Invitation]:
     )
 
 
+def invitations_sent_since(*, workspace: Workspace, since: datetime) -> int:
+    """How many invitations the workspace sent since then, sent again ones included (the trail keeps each)."""
+    return AuditEvent.objects.filter(workspace_id=workspace.id, action="member.invite", at__gte=since).count()
+
+
 def invitations_unconfirmed(*, user) -> list[str]:
     """The user's unconfirmed addresses that a pending invitation waits for: confirming one is what
     stands between them and its workspace. The invitations themselves stay hidden until then."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -19,7 +19,7 @@ from desktops import crypto
 from desktops.audit import Actor, audit_record
 from desktops.egress import egress_preset_create, workspace_egress_apply
 from desktops.engines import engine_for_new_desktops, engine_instance_for_new_desktops
-from desktops.errors import Conflict, Forbidden, Invalid, NotFound
+from desktops.errors import Conflict, Forbidden, Invalid, NotFound, TooBusy
 from desktops.events import AccessChanged, publish_access_change, publish_api_key_revoked
 from desktops.labels import labels_checked
 from desktops.lifecycle import TRANSITIONS, transition
@@ -42,6 +42,7 @@ from desktops.queue import CHAT_DELIVER, LLM_KEY_CHECK, WORKSPACE_AGENT_CONFIGUR
 from desktops.selectors import (
     invitation_token,
     invitations_for,
+    invitations_sent_since,
     role_in,
     workspace_for_control,
     workspace_get,
@@ -188,6 +189,10 @@ def _role_grantable(actor: Actor, workspace: Workspace, role: str) -> Role:
     return Role(role)
 
 
+# Invitations a workspace may send within this window: INVITATIONS_PER_DAY.
+INVITATIONS_WINDOW = timedelta(days=1)
+
+
 def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> Invitation:
     """Offer a place in the workspace to an e-mail address; its owner accepts it, or not.
 
@@ -200,6 +205,14 @@ def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> 
     email = email.strip().lower()
     if workspace.memberships.filter(user__email__iexact=email).exists():
         raise Conflict(_("%(email)s is already a member of this workspace.") % {"email": email})
+    if invitations_sent_since(workspace=workspace, since=timezone.now() - INVITATIONS_WINDOW) >= (
+        settings.INVITATIONS_PER_DAY
+    ):
+        raise TooBusy(
+            _("This workspace has sent %(n)s invitations in a day, the most it may: try again tomorrow.")
+            % {"n": settings.INVITATIONS_PER_DAY},
+            retry_after=int(INVITATIONS_WINDOW.total_seconds()),
+        )
     # Sent again (or after a decline), it starts over: a fresh offer, not yet opened.
     fresh = {"accepted_at": None, "declined_at": None, "opened_by": None, "opened_at": None}
     invitation, _created = Invitation.objects.update_or_create(
@@ -211,11 +224,13 @@ def member_invite(*, actor: Actor, workspace_id: str, email: str, role: str) -> 
     link = f"{settings.SITE_URL}{reverse('invitation', args=[invitation_token(invitation)])}"
     words = {"inviter": actor.user.email, "workspace": workspace.name, "role": role, "email": email}
     words["link"] = link
+    # The workspace's name is its members' words, not ours: quoted, and said to be theirs.
     transaction.on_commit(
         lambda: send_mail(
-            _("Join %(workspace)s on Le Bureau") % words,
+            _("An invitation to a workspace on Le Bureau, from %(inviter)s") % words,
             _(
-                "%(inviter)s invites you to the workspace %(workspace)s as %(role)s.\n\n"
+                "%(inviter)s invites you to a workspace of Le Bureau as %(role)s. Its members named it "
+                "“%(workspace)s”.\n\n"
                 "Open this link to accept the invitation: %(link)s\n\n"
                 "Without an account, sign up there with this address, %(email)s. With one, sign in: "
                 "the invitation is answered from this address, once it is confirmed.\n"

@@ -393,6 +393,9 @@ DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
 DEFAULT_TIER = env.str("DEFAULT_TIER", "free")
 # Workspaces on a tier without a fee that one person may own (quotas are per workspace).
 FREE_WORKSPACES_PER_PERSON = env.int("FREE_WORKSPACES_PER_PERSON", 1)
+# Platform e-mail carries words its senders chose: bounded, so that it cannot serve as a spam relay.
+INVITATIONS_PER_DAY = env.int("INVITATIONS_PER_DAY", 20)  # sent by one workspace
+APPROVAL_EMAILS_PER_HOUR = env.int("APPROVAL_EMAILS_PER_HOUR", 10)  # about one desktop's requests
 # Billing's periodic work: measure every desktop's disk (storage is billed in GiB-hours of those
 # measures), then record the workspaces whose spend reached 80 % or 100 % of their cap.
 BILLING_METER_INTERVAL = env.float("BILLING_METER_INTERVAL", 600.0)

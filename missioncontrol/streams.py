@@ -80,9 +80,9 @@ async def _listen():
 
 def _recheck(user_id: int, workspace_id: str) -> None:
     _checked.pop((user_id, workspace_id), None)
-    user = get_user_model().objects.filter(pk=user_id).first()
+    # A deleted account is looked for by its id alone: its streams are found (and kicked) by it.
+    user = get_user_model().objects.filter(pk=user_id).first() or get_user_model()(pk=user_id)
     try:
-        if user is not None:
-            channel_permission_changed(user, workspace_stream(workspace_id))
+        channel_permission_changed(user, workspace_stream(workspace_id))
     finally:
         connection.close()

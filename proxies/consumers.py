@@ -105,9 +105,11 @@ class RelayConsumer(AsyncWebsocketConsumer):
         await self.close(code=denied.code, reason=denied.reason)
 
     async def _beat(self):
+        # Each beat checks access again too: what no access change announced (a queryset update) ends here.
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             await database_sync_to_async(relay_seen)(self.grant)
+            await self.access_changed({})
 
     @property
     def may_control(self) -> bool:

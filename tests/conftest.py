@@ -316,6 +316,9 @@ def lxc_api(celery_worker, lxc_test_engine, members, plan, settings, monkeypatch
         services.desktop_act(actor=support, desktop=desktop, action="destroy")
     for desktop in Desktop.objects.exclude(state="destroyed"):
         wait_for_state(desktop.id, "destroyed", "error", timeout=60)
+    # What the destroys set off after their last state (their notifications) must not be writing while
+    # the next test's database is being emptied.
+    wait_for_idle_lifecycle_worker()
 
 
 @pytest.fixture(scope="session")

@@ -113,6 +113,33 @@ def test_an_invitation_to_an_existing_member_is_refused(members, workspace):
     assert response.status_code == 409
 
 
+def test_a_workspace_cannot_make_the_platform_a_phishing_relay(
+    members, workspace, settings, mailoutbox, django_capture_on_commit_callbacks
+):
+    """Anyone could invite any number of addresses, with a subject of the workspace's choosing."""
+    settings.INVITATIONS_PER_DAY = 2
+    workspace.name = "URGENT verify your bank account"
+    workspace.save()
+    for n in range(2):
+        with django_capture_on_commit_callbacks(execute=True):
+            invite(members, workspace, email=f"target{n}@example.com")
+    subject, body = mailoutbox[0].subject, mailoutbox[0].body
+    assert workspace.name not in subject
+    assert f"named it “{workspace.name}”" in body
+    refused = client_for(members[Role.OWNER]).post(
+        f"/api/workspaces/{workspace.id}/invitations", {"email": "target2@example.com"}, format="json"
+    )
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert "2 invitations in a day" in refused.json()["error"]["message"]
+    assert len(mailoutbox) == 2 and not Invitation.objects.filter(email="target2@example.com").exists()
+    with (
+        time_machine.travel(timezone.now() + timedelta(days=1, minutes=1)),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        invite(members, workspace, email="target2@example.com")
+    assert len(mailoutbox) == 3
+
+
 # The invitation's own page, from the link its e-mail carries.
 
 

@@ -132,9 +132,27 @@ class Stream:
         self.ended.set()
 
 
+def remove_with_the_service(owner, leaving):
+    services.membership_remove(
+        actor=Actor(user=owner.user), workspace_id=leaving.workspace_id, membership_id=leaving.id
+    )
+
+
+def delete_the_account(owner, leaving):
+    leaving.user.delete()  # the admin's usual offboarding
+
+
+def delete_the_membership_row(owner, leaving):
+    leaving.delete()  # as the admin's change list does it
+
+
+@pytest.mark.parametrize("offboard", [remove_with_the_service, delete_the_account, delete_the_membership_row])
 @pytest.mark.django_db(transaction=True)
-def test_a_removed_members_open_stream_is_cut_at_once(driver_dir, tmp_path_factory, workspace, plan):
-    """A removed member's open page used to keep receiving the workspace's events (answers included)."""
+def test_a_removed_members_open_stream_is_cut_at_once(
+    driver_dir, tmp_path_factory, workspace, plan, offboard
+):
+    """A removed member's open page used to keep receiving the workspace's events (answers included),
+    and still did when the account or the membership was deleted rather than removed."""
     owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
     leaving = MembershipFactory(workspace=workspace, role=Role.MEMBER)
     staying = MembershipFactory(workspace=workspace, role=Role.VIEWER)
@@ -146,9 +164,7 @@ def test_a_removed_members_open_stream_is_cut_at_once(driver_dir, tmp_path_facto
             browser.force_login(membership.user)
             streams[name] = Stream(f"{site}/events/w/{workspace.id}/", browser.cookies["sessionid"].value)
             assert streams[name].opened.wait(10)
-        services.membership_remove(
-            actor=Actor(user=owner.user), workspace_id=workspace.id, membership_id=leaving.id
-        )
+        offboard(owner, leaving)
         assert streams["leaving"].ended.wait(5), "the removed member's stream stayed open"
         publish_state_change(DesktopStateChanged.of(desktop))
         deadline = time.monotonic() + 5

@@ -112,6 +112,18 @@ def test_the_people_who_may_answer_are_told_by_e_mail(members, workspace, asked,
     assert approvals.approval_email(approval_id=asked.id) == 0
 
 
+def test_an_agent_cannot_flood_its_approvers_mailboxes(members, workspace, settings, mailoutbox):
+    """An agent asking without end used to mail its words to every approver, about 20 times a second."""
+    settings.APPROVAL_EMAILS_PER_HOUR = 3
+    desktop = DesktopFactory(workspace=workspace, state="running")
+    asks = [approvals.approval_request(desktop=desktop, title=f"ask {n}", details="") for n in range(5)]
+    told = [approvals.approval_email(approval_id=ask.id) for ask in asks]
+    assert told[:3] == [told[0]] * 3 and told[0] > 0 and told[3:] == [0, 0]
+    assert "agent's own wording" in mailoutbox[0].body
+    assert "further requests this hour wait in the inbox" in mailoutbox[-1].body
+    assert Approval.objects.filter(desktop=desktop, status="pending").count() == 5
+
+
 def test_a_request_names_the_conversation_it_came_from(members, workspace):
     desktop = DesktopFactory(workspace=workspace, state="running")
     reply = services.chat_send(

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ import pytest
 
 from desktops.guest import VNC_PASSWORD_FILE, vnc_password, vnc_password_file
 from tests.drivers.contract import DriverContract
-from tests.support.internet import ALLOWED, BLOCKED, FOREIGN_RESOLVER, NEVER, UPSTREAM
+from tests.support.internet import ALLOWED, BLOCKED, FOREIGN_RESOLVER, HOST_SIDE, INSIDE, NEVER, UPSTREAM
 from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
 from workers.drivers.lxc import LxcConfig, LxcDriver, network, resolver
@@ -48,6 +49,7 @@ TEST_CONFIG = LxcConfig(
     veth_prefix="lbt",
     host_tcp_ports=(HOST_PORT,),
     upstream_dns=(UPSTREAM,),
+    host_limits=network.HostLimits(connections=200, dns_per_second=50, pings_per_second=10),
 )
 
 pytestmark = [
@@ -687,6 +689,103 @@ def test_the_control_planes_web_port_is_closed_to_desktops(desktops, client_key)
     with socket.create_server((GATEWAY, 8000)) as pages:
         pages.settimeout(5)
         assert ssh(status.private_ip, client_key, PROBE.format(GATEWAY, 8000), user="root")[0] != 0
+
+
+# A desktop with a resolver that answers one name.
+ALLOW_LISTED = NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
+NEIGHBOUR = """
+import socket, sys
+from dnslib import DNSRecord
+gateway, lan_side, port, dns_port = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+reached = []
+for address in (gateway, lan_side):
+    try:
+        socket.create_connection((address, port), 2).close()
+        reached.append(f"tcp {address}:{port}")
+    except OSError:
+        pass
+try:
+    DNSRecord.question("allowed.test").send(gateway, dns_port, timeout=2)
+    reached.append(f"dns {gateway}:{dns_port}")
+except OSError:
+    pass
+print(" ".join(reached))
+"""
+
+
+def test_a_neighbour_routing_through_another_interface_reaches_nothing_meant_for_desktops(
+    lxc_driver, desktops, internet
+):
+    """A LAN neighbour with a route to the bridge through this host once reached the desktops' resolvers
+    and the port meant for desktops alone (the guest endpoint listens on every address by default)."""
+    _, status = desktops(network_policy=ALLOW_LISTED)
+    dns_port = network.resolver_port(TEST_CONFIG.subnet, status.private_ip, TEST_CONFIG.resolver_port_base)
+    probe = [sys.executable, "-c", NEIGHBOUR, GATEWAY, HOST_SIDE, str(HOST_PORT), str(dns_port)]
+    with socket.create_server(("0.0.0.0", HOST_PORT)):  # noqa: S104 (as the guest endpoint does by default)
+        # The probe works: from the host itself, all three answer.
+        from_the_host = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
+        expected = [f"{GATEWAY}:{HOST_PORT}", f"{HOST_SIDE}:{HOST_PORT}", f"{GATEWAY}:{dns_port}"]
+        assert from_the_host == ["tcp", expected[0], "tcp", expected[1], "dns", expected[2]]
+        neighbour = subprocess.run([*INSIDE, *probe], capture_output=True, text=True, check=True)
+    assert neighbour.stdout.strip() == "", f"the neighbour reached {neighbour.stdout}"
+
+
+FLOOD = r"""
+import select, socket, struct, sys, time
+gateway, port = sys.argv[1], int(sys.argv[2])
+
+def flood(sock, packet, to, is_answer):
+    # 1,000 packets in about a second from one port pair (one flow), the answers read as they come.
+    answers = 0
+    for _ in range(1000):
+        sock.sendto(packet, to)
+        time.sleep(0.001)
+        while select.select([sock], [], [], 0)[0]:
+            answers += is_answer(sock.recv(4096))
+    end = time.monotonic() + 1
+    while time.monotonic() < end:
+        if select.select([sock], [], [], 0.1)[0]:
+            answers += is_answer(sock.recv(4096))
+    return answers
+
+query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07allowed\x04test\x00\x00\x01\x00\x01"
+print("dns", flood(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), query, (gateway, 53), lambda _: 1))
+echo = struct.pack("!BBHHH", 8, 0, 0, 77, 1)
+total = sum(struct.unpack("!4H", echo))
+echo = struct.pack("!BBHHH", 8, 0, ~((total & 0xFFFF) + (total >> 16)) & 0xFFFF, 77, 1)
+icmp = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+print("pings", flood(icmp, echo, (gateway, 0), lambda reply: reply[20] == 0))
+# Last: the connections it holds open keep new ones out for as long as they stay.
+connections = []
+for _ in range(250):
+    conn = socket.socket()
+    conn.setblocking(False)
+    conn.connect_ex((gateway, port))
+    connections.append(conn)
+time.sleep(3)
+done = select.select([], connections, [], 0)[1]  # the others still wait for an answer to their SYN
+print("connections", sum(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for c in done))
+"""
+
+
+def test_a_desktop_cannot_fill_the_hosts_connection_table_nor_flood_its_dns_and_pings(
+    desktops, client_key, internet
+):
+    """Its DNS and pings to the host were accepted without limit, and its connections counted against
+    the host's one table (shared by every desktop and the host) without a share of their own."""
+    _, status = desktops(network_policy=ALLOW_LISTED)
+    limits = TEST_CONFIG.host_limits
+    with socket.create_server((GATEWAY, HOST_PORT), backlog=512):  # completes connections, never accepts
+        code, out, err = ssh(
+            status.private_ip, client_key, f"python3 - {GATEWAY} {HOST_PORT}", "root", 60, FLOOD
+        )
+    assert code == 0, err
+    got = {name: int(count) for name, count in (line.split() for line in out.splitlines())}
+    # Without the limits, all 250 connections open and about 1,000 queries and pings are answered.
+    assert limits.connections - 10 <= got["connections"] <= limits.connections, got
+    # At most the burst (twice the rate) and the rate for the 2 to 3 s of the flood.
+    assert 0 < got["dns"] <= 2 * limits.dns_per_second + 3 * limits.dns_per_second, got
+    assert 0 < got["pings"] <= 2 * limits.pings_per_second + 3 * limits.pings_per_second, got
 
 
 SPOOFER = r"""

@@ -22,7 +22,7 @@ from django.utils import timezone
 from desktops import services
 from desktops.audit import Actor
 from desktops.guest import control_plane_public_key, vnc_password, vnc_password_file
-from desktops.models import ApiKey, DesktopState, RelayTicket, Role
+from desktops.models import ApiKey, DesktopState, Membership, RelayTicket, Role
 from desktops.rfb import vnc_auth_response
 from tests.conftest import wait_for_idle_lifecycle_worker
 from tests.factories import DesktopFactory, MembershipFactory
@@ -472,6 +472,60 @@ async def test_deactivating_the_user_closes_their_relays(desktop, member):
     await sync_to_async(user.save)()
     code, _ = await closed_with(communicator)
     assert code == 4403
+
+
+async def test_deleting_the_user_closes_their_relays(desktop, member):
+    """Deleting an account (the admin's usual offboarding) used to leave its relays open."""
+    communicator = await relay_for(member, desktop)
+    await browser_handshake(communicator)
+    await sync_to_async(member.user.delete)()
+    assert (await closed_with(communicator))[0] == 4403
+
+
+async def test_deleting_an_api_key_in_the_admin_closes_the_relays_it_opened(desktop, member):
+    from tests.factories import api_key_for
+
+    await sync_to_async(api_key_for)(member)
+    key = await sync_to_async(ApiKey.objects.get)(created_by=member.user)
+    tickets = await sync_to_async(mint)(member, desktop, api_key=key, session="")
+    communicator = await open_relay(desktop.id, "vnc", tickets.vnc, session="any")
+    await browser_handshake(communicator)
+    await sync_to_async(key.delete)()
+    code, reason = await closed_with(communicator)
+    assert code == 4403 and "API key" in reason
+
+
+async def test_a_new_password_ends_the_relays_its_sessions_opened_but_not_a_keys(desktop, member):
+    """The old password may be what leaked: a relay opened from a browser used to outlive a reset."""
+    from tests.factories import api_key_for
+
+    await sync_to_async(api_key_for)(member)
+    key = await sync_to_async(ApiKey.objects.get)(created_by=member.user)
+    from_browser = await relay_for(member, desktop)
+    with_key = await open_relay(
+        desktop.id, "vnc", (await sync_to_async(mint)(member, desktop, api_key=key, session="")).vnc
+    )
+    for communicator in (from_browser, with_key):
+        await browser_handshake(communicator)
+    user = member.user
+    user.set_password("a-new-password-nobody-has-seen")
+    await sync_to_async(user.save)()
+    code, reason = await closed_with(from_browser)
+    assert code == 4403 and "open the desktop again" in reason
+    assert await with_key.receive_nothing(timeout=1)
+    await with_key.disconnect()
+
+
+async def test_an_access_change_that_announces_nothing_ends_the_relay_at_its_next_heartbeat(
+    desktop, member, monkeypatch
+):
+    """A queryset update sends no signal: the relay's own heartbeat finds the lost access."""
+    monkeypatch.setattr("proxies.consumers.HEARTBEAT_SECONDS", 0.5)
+    communicator = await relay_for(member, desktop)
+    await browser_handshake(communicator)
+    await sync_to_async(Membership.objects.filter(pk=member.pk).update)(role=Role.VIEWER)
+    code, reason = await closed_with(communicator)
+    assert code == 4403 and "no longer" in reason
 
 
 # The terminal

@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 NAMESPACE, LINK = "lbtest-outside", "lbtout0"
+# The host's address on the link, and how to run a program inside the namespace (as a neighbour of the host).
+HOST_SIDE = "10.216.0.1"
+INSIDE = ("ip", "netns", "exec", NAMESPACE)
 ALLOWED, BLOCKED = "203.0.113.80", "203.0.113.81"
 FOREIGN_RESOLVER = "203.0.113.53"
 UPSTREAM_PORT = 5399
@@ -85,7 +88,7 @@ def stand_in_internet(workdir: Path):
     _remove()  # what an interrupted run left
     _ip("netns", "add", NAMESPACE)
     _ip("link", "add", LINK, "type", "veth", "peer", "name", "eth0", "netns", NAMESPACE)
-    _ip("addr", "add", "10.216.0.1/30", "dev", LINK)
+    _ip("addr", "add", f"{HOST_SIDE}/30", "dev", LINK)
     _ip("link", "set", LINK, "up")
     _ip("-n", NAMESPACE, "addr", "add", "10.216.0.2/30", "dev", "eth0")
     for address in ADDRESSES:
@@ -93,10 +96,9 @@ def stand_in_internet(workdir: Path):
         _ip("route", "add", f"{address}/32", "via", "10.216.0.2")
     _ip("-n", NAMESPACE, "link", "set", "eth0", "up")
     _ip("-n", NAMESPACE, "link", "set", "lo", "up")
-    _ip("-n", NAMESPACE, "route", "add", "default", "via", "10.216.0.1")
-    inside = ("ip", "netns", "exec", NAMESPACE)
-    servers = subprocess.Popen([*inside, sys.executable, "-c", SERVERS], stdout=subprocess.PIPE, text=True)
-    foreign = _dns_server(workdir / "foreign.pid", f"--listen-address={FOREIGN_RESOLVER}", prefix=inside)
+    _ip("-n", NAMESPACE, "route", "add", "default", "via", HOST_SIDE)
+    servers = subprocess.Popen([*INSIDE, sys.executable, "-c", SERVERS], stdout=subprocess.PIPE, text=True)
+    foreign = _dns_server(workdir / "foreign.pid", f"--listen-address={FOREIGN_RESOLVER}", prefix=INSIDE)
     try:
         assert servers.stdout.readline().strip() == "listening"
         yield

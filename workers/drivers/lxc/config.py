@@ -10,7 +10,7 @@ from pathlib import Path
 from environs import Env
 
 from workers.drivers.base import PoolShape, host_nameservers
-from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX
+from workers.drivers.lxc.network import DENIED_CIDRS, TABLE, VETH_PREFIX, HostLimits
 
 # The control plane's guest endpoint port, the one port of the host desktops need by default.
 GUEST_PORT = 8001
@@ -54,6 +54,8 @@ class LxcConfig:
     # Each desktop's claim on a contended CPU, beside a host process's 100 (cgroup v2's cpu.weight):
     # ten busy desktops would otherwise leave the control plane on the same host a sliver of it.
     cpu_weight: int = 25
+    # What each desktop may spend of the host's connection tracking, DNS and pings.
+    host_limits: HostLimits = field(default_factory=HostLimits)
     # Desktops booted ahead of demand, each shape refilled by the engine's periodic work.
     warm_pool: tuple[PoolShape, ...] = ()
 
@@ -81,5 +83,10 @@ class LxcConfig:
             upstream_dns=tuple(env.list("LXC_UPSTREAM_DNS", list(host_nameservers()))),
             resolver_port_base=env.int("LXC_RESOLVER_PORT_BASE", defaults["resolver_port_base"].default),
             cpu_weight=env.int("LXC_CPU_WEIGHT", defaults["cpu_weight"].default),
+            host_limits=HostLimits(
+                connections=env.int("LXC_CONNECTIONS_PER_DESKTOP", HostLimits.connections),
+                dns_per_second=env.int("LXC_DNS_PER_SECOND", HostLimits.dns_per_second),
+                pings_per_second=env.int("LXC_PINGS_PER_SECOND", HostLimits.pings_per_second),
+            ),
             warm_pool=tuple(PoolShape.parse(e) for e in env.list("LXC_WARM_POOL", list(DEFAULT_WARM_POOL))),
         )

@@ -455,6 +455,7 @@ class LxcDriver(ComputeDriver):
                         config.veth_prefix,
                         config.denied_cidrs,
                         network.existing_desktop_sets(config.nft_table),
+                        config.host_limits,
                     )
                 )
             except RuntimeError as exc:

@@ -72,6 +72,16 @@ class DesktopRules:
     resolver_port: int = 0
 
 
+@dataclass(frozen=True)
+class HostLimits:
+    """What one desktop may spend of what the host shares between every desktop and itself: entries of
+    its one connection-tracking table, and DNS and ping packets answered by the host."""
+
+    connections: int = 2048
+    dns_per_second: int = 100
+    pings_per_second: int = 20
+
+
 def allowed_set(veth: str) -> str:
     """The name of the desktop's set of addresses its resolver allowed, in the ``<table>_dns`` table."""
     return f"allow_{veth}"
@@ -101,6 +111,7 @@ def render_ruleset(
     veth_prefix: str = VETH_PREFIX,
     denied_cidrs: tuple[str, ...] = DENIED_CIDRS,
     existing_sets: tuple[str, ...] = (),
+    limits: HostLimits = HostLimits(),
 ) -> str:
     """The project's tables for these desktops; ``existing_sets`` are the sets the ``_dns`` table holds
     now (those of desktops gone are deleted)."""
@@ -125,6 +136,17 @@ def render_ruleset(
     mark = f"{ALLOWED_MARK:#010x}"
     ports = ", ".join(str(p) for p in sorted(set(host_tcp_ports)))
     host_ports_rule = f"tcp dport {{ {ports} }} accept" if ports else ""
+
+    def over_rate(rate_set: str, per_second: int) -> str:
+        limit = f"limit rate over {per_second}/second burst {2 * per_second} packets"
+        return f"update @{rate_set} {{ ip saddr {limit} }}"
+
+    dns_limit = "meta l4proto { tcp, udp } ct original proto-dst 53 " + over_rate(
+        "dns_rate", limits.dns_per_second
+    )
+    ping_limit = "icmp type echo-request " + over_rate("ping_rate", limits.pings_per_second)
+    connection_limit = f"ct state new add @connections {{ ip saddr ct count over {limits.connections} }}"
+    outside_ports_rule = f'iifname != "{bridge}" tcp dport {{ {ports} }} drop' if ports else ""
     # The leading "add table" makes the "delete table" valid when the table does not exist yet,
     # so the whole replacement is one transaction whatever the current state.
     return f"""
@@ -136,6 +158,10 @@ table inet {table} {{
     set egress_allow {{ type ipv4_addr . ipv4_addr; flags interval; {elements(egress)} }}
     set denied {{ type ipv4_addr; flags interval; {elements(denied)} }}
     map resolvers {{ type ipv4_addr : ipv4_addr . inet_service; {elements(resolvers)} }}
+    # Per desktop: its open connections, its DNS and ping rates.
+    set connections {{ type ipv4_addr; size 65535; flags dynamic; }}
+    set dns_rate {{ type ipv4_addr; size 65535; flags dynamic,timeout; timeout 1m; }}
+    set ping_rate {{ type ipv4_addr; size 65535; flags dynamic,timeout; timeout 1m; }}
 
     # Whatever resolver a desktop asks, its own answers.
     chain prerouting {{
@@ -145,7 +171,16 @@ table inet {table} {{
 
     chain input {{
         type filter hook input priority filter; policy accept;
+        iifname "lo" accept
+        # A neighbour routing through another interface reaches neither the desktops' side of the host
+        # (their resolvers) nor the ports meant for desktops alone, whatever those listen on.
+        iifname != "{bridge}" ip daddr {subnet} drop
+        {outside_ports_rule}
         iifname != "{bridge}" accept
+        # Before the established flows' accept: a flood from one port pair is one flow.
+        {dns_limit} drop
+        {ping_limit} drop
+        {connection_limit} drop
         ct state established,related accept
         ip saddr != @desktops drop
         icmp type echo-request accept
@@ -162,6 +197,7 @@ table inet {table} {{
         oifname "{bridge}" drop
         iifname "{bridge}" meta nfproto ipv6 drop
         iifname "{bridge}" ip saddr != @desktops drop
+        iifname "{bridge}" {connection_limit} drop
         iifname "{bridge}" ip daddr @denied counter drop
         iifname "{bridge}" ip saddr @no_internet ip saddr . ip daddr @egress_allow accept
         iifname "{bridge}" ip saddr @no_internet meta mark & {mark} == {mark} accept
