@@ -17,6 +17,7 @@ import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { appendFile } from "node:fs/promises";
 import { homedir } from "node:os";
 import { isAbsolute, join } from "node:path";
+import { sensitivePattern } from "./commands.mjs";
 
 const POLICY = join(homedir(), ".openclaw", "bureau", "approvals.json");
 // `bureau approve` exits 0 approved, 1 denied, 2 timed out, 3 could not ask.
@@ -42,21 +43,6 @@ const MAX_SHOWN = 4_000;
 
 function readPolicy() {
   return JSON.parse(readFileSync(POLICY, "utf8"));
-}
-
-function escapeRegExp(text) {
-  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-}
-
-// The policy's first pattern the command holds as words of its own: at its start or after a shell
-// separator or space, and followed by the end, a space or a separator ("git push" holds in
-// "cd repo && git push origin main", not in "git pushed").
-function sensitivePattern(command, patterns) {
-  const boundary = "[\\s;&|(){}`'\"]";
-  return patterns.find((pattern) => {
-    const words = pattern.trim().split(/\s+/).map(escapeRegExp).join("\\s+");
-    return words && new RegExp(`(^|${boundary})${words}(?=$|${boundary})`).test(command);
-  });
 }
 
 function ask({ title, details, cwd, timeout, signal }) {
