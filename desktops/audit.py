@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from django.utils.translation import gettext as _
 
 from desktops.middleware import current_request
@@ -98,7 +99,8 @@ def audit_record(
 
 
 def event_digest(event) -> str:
-    """SHA-256 over everything an event says, and the hash of the event before it."""
+    """HMAC-SHA256, under a key the database does not hold, of everything an event says and the hash
+    of the event before it."""
     fields = [
         event.seq,
         event.id,
@@ -113,7 +115,12 @@ def event_digest(event) -> str:
         event.prev_hash,
     ]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    key = settings.AUDIT_CHAIN_KEY or settings.SECRET_KEY
+    return salted_hmac(CHAIN_SALT, canonical, secret=key, algorithm="sha256").hexdigest()
+
+
+# Keeps the chain's HMAC apart from every other use of the same secret.
+CHAIN_SALT = "lebureau.audit.chain"
 
 
 def _locked_head() -> AuditChainHead:

@@ -327,6 +327,10 @@ CELERY_BEAT_SCHEDULE["alerts-evaluate"] = {
 # what remains still verifies (`manage.py audit_verify`).
 AUDIT_RETENTION_DAYS = env.int("AUDIT_RETENTION_DAYS", 0, validate=validate.Range(min=0))
 AUDIT_CHECKPOINT_KEY = env.str("AUDIT_CHECKPOINT_KEY", "")
+# Each event's hash is an HMAC under this key (SECRET_KEY's when unset), which the database never holds:
+# whoever can rewrite the trail's rows (the app's own role) cannot chain forged ones. Changing it
+# (or SECRET_KEY, unset) makes the chain written before fail verification.
+AUDIT_CHAIN_KEY = env.str("AUDIT_CHAIN_KEY", "")
 AUDIT_PRUNE_INTERVAL = env.float("AUDIT_PRUNE_INTERVAL", 3600.0)
 if AUDIT_RETENTION_DAYS:
     if not AUDIT_CHECKPOINT_KEY:

@@ -2,7 +2,9 @@
 (a database superuser, triggers switched off) is named by `manage.py audit_verify`; pruning keeps what
 remains verifiable behind a signed checkpoint; concurrent writers never fork the chain."""
 
+import importlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +77,46 @@ def test_an_edited_row_whose_hash_was_recomputed_is_caught_at_the_next_link(trai
     )
     assert "Audit chain broken at event #4: event #4" in _verify()
     assert "does not follow the event before it" in _verify()
+
+
+def test_the_apps_own_role_cannot_chain_forged_rows_without_the_key(trail, settings):
+    """With the app's database role alone (it owns the table: triggers off, rows rewritten), an attacker
+    used to edit an event, chain every later one again and move the head: the trail verified intact."""
+    forged = AuditEvent.objects.get(seq=3)
+    forged.detail = {"n": 99}
+    later = list(AuditEvent.objects.filter(seq__gte=3).order_by("seq"))
+    later[0] = forged
+    previous = AuditEvent.objects.get(seq=2).hash
+    settings.AUDIT_CHAIN_KEY = "what the database can tell: not the platform's key"
+    rewritten = []
+    for event in later:
+        event.prev_hash = previous
+        event.hash = previous = event_digest(event)
+        rewritten.append(event)
+    settings.AUDIT_CHAIN_KEY = ""
+    for event in rewritten:
+        _behind_the_back(
+            "UPDATE desktops_auditevent SET detail = %s::jsonb, prev_hash = %s, hash = %s WHERE seq = %s",
+            [json.dumps(event.detail), event.prev_hash, event.hash, event.seq],
+        )
+    _behind_the_back("UPDATE desktops_auditchainhead SET hash = %s", [previous])
+    assert "Audit chain broken at event #3: event #3" in _verify()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_that_keys_the_chain_hashes_it_again_both_ways():
+    for i in range(3):
+        audit_record(actor=SYSTEM, action="test.step", n=i)
+    keyed = importlib.import_module("desktops.migrations.0026_audit_chain_keyed")
+    call_command("migrate", "desktops", "0025", verbosity=0)
+    try:
+        # Back before it, the chain is the plain SHA-256 one that the code of then verifies.
+        events = list(AuditEvent.objects.order_by("seq"))
+        assert [e.hash for e in events] == [keyed.plain_digest(e) for e in events]
+        assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
+    finally:
+        call_command("migrate", "desktops", verbosity=0)
+    assert _verify() == "Audit chain intact: 3 events verified.\n"
 
 
 def test_a_deleted_row_is_caught(trail):
