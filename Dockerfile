@@ -26,4 +26,4 @@ RUN pip install --no-cache-dir --no-deps . && python manage.py collectstatic --n
     && python manage.py compilemessages -v 0
 EXPOSE 8000
 # The web server takes its database connections from a pool (see DATABASE_POOL_MAX in the settings).
-CMD ["sh", "-c", "DATABASE_POOL_MAX=${DATABASE_POOL_MAX:-20} exec nice -n ${WEB_NICE:--10} daphne -b 0.0.0.0 -p 8000 lebureau.asgi:application"]
+CMD ["sh", "-c", "DATABASE_POOL_MAX=${DATABASE_POOL_MAX:-20} exec nice -n ${WEB_NICE:--10} python -m lebureau.server -b 0.0.0.0 -p 8000 lebureau.asgi:application"]

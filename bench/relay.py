@@ -287,7 +287,7 @@ def main() -> None:
             daphne = [
                 sys.executable,
                 "-m",
-                "daphne",
+                "lebureau.server",
                 "-b",
                 "127.0.0.1",
                 "-p",

@@ -261,7 +261,7 @@ def web_server(
     """Daphne serving the whole ASGI app (pages, API, relays) on a port of loopback by default (a free
     one unless given: a test restarting the server gives the same one); yields its URL."""
     port = port or free_port()
-    args = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "lebureau.asgi:application"]
+    args = [sys.executable, "-m", "lebureau.server", "-b", host, "-p", str(port), "lebureau.asgi:application"]
     env = service_env(driver_dir, basetemp, **extra)
     with service_process(f"daphne-{port}", args, env, basetemp, lambda: port_open(port, host)):
         yield f"http://{host}:{port}"
@@ -274,7 +274,7 @@ def guest_server(
     """Daphne serving the guest endpoint (`lebureau.guest_asgi`), as `make run` does; yields its URL."""
     port = port or free_port()
     app = "lebureau.guest_asgi:application"
-    args = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), app]
+    args = [sys.executable, "-m", "lebureau.server", "-b", host, "-p", str(port), app]
     env = service_env(driver_dir, basetemp, ALLOWED_HOSTS=host, **extra)
     with service_process(f"guest-{port}", args, env, basetemp, lambda: port_open(port, host)):
         yield f"http://{host}:{port}"

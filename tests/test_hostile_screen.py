@@ -11,7 +11,6 @@ other tenant's p95 under 200 ms, and each screenshot must end in a 503 that says
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import requests
 from django.conf import settings
@@ -22,6 +21,7 @@ from desktops.screen import MAX_SCREEN_PIXELS
 from tests.conftest import LXC_DESKTOP_TESTS, web_server
 from tests.factories import TierFactory, api_key_for
 from tests.support.desktops import provision, run
+from tests.support.services import peak_memory
 
 pytestmark = LXC_DESKTOP_TESTS
 
@@ -70,20 +70,6 @@ while True:
     connection, _ = server.accept()
     threading.Thread(target=serve, args=(connection,), daemon=True).start()
 """
-
-
-def peak_memory(port: int) -> int:
-    """The high-water mark of resident memory of the daphne serving `port` (VmHWM), in bytes."""
-    for status in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = status.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"daphne" in b" ".join(command) and str(port).encode() in command:
-            for line in (status.parent / "status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    raise AssertionError(f"no daphne serving port {port}")
 
 
 def hostile(desktop, mode: str) -> None:

@@ -1,6 +1,6 @@
 """The web side of the trust boundary, each attack tried and failing: guessing the admin's password,
 starting a deployment insecure, reading a workspace's live stream after leaving it, smuggling a
-formula into a spreadsheet, the switcher answering 500."""
+formula into a spreadsheet, the switcher answering 500, a body too large for memory."""
 
 import json
 import os
@@ -18,8 +18,9 @@ from desktops.audit import Actor, audit_record
 from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.middleware import RequestContext, current_request
 from desktops.models import Role
-from tests.conftest import ROOT, web_server
+from tests.conftest import ROOT, guest_server, web_server
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, UserFactory
+from tests.support.services import peak_memory
 
 pytestmark = pytest.mark.django_db
 
@@ -174,3 +175,33 @@ def test_a_removed_members_open_stream_is_cut_at_once(
         assert streams["leaving"].events == []
         for stream in streams.values():
             stream.response.close()
+
+
+# Larger than any limit of the listeners, and than what they may hold of a body in memory (1 MiB).
+HUGE = 200 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("listener", "path", "refused"),
+    [(web_server, "/api/desktops/dsk_anyone/files?path=big", 401), (guest_server, "/v1/approvals", 413)],
+)
+@pytest.mark.django_db(transaction=True)
+def test_an_anonymous_body_larger_than_any_limit_costs_the_listeners_none_of_their_memory(
+    driver_dir, tmp_path_factory, tmp_path, listener, path, refused
+):
+    """Daphne read a whole body into its memory before any check: one anonymous PUT of 8 GiB was 8 GiB
+    of the web server's, or the guest endpoint's."""
+    body = tmp_path / "huge"
+    with body.open("wb") as f:
+        f.truncate(HUGE)  # sparse: sent whole (with its Content-Length), stored nowhere
+    with listener(driver_dir, tmp_path_factory.getbasetemp()) as site:
+        port = int(site.rsplit(":", 1)[1])
+        assert requests.get(f"{site}/", timeout=10).status_code < 500
+        before = peak_memory(port)
+        with body.open("rb") as data:
+            answer = requests.put(f"{site}{path}", data=data, timeout=120)
+        assert answer.status_code == refused, answer.text
+        grown = peak_memory(port) - before
+    assert grown < 32 * 1024 * 1024, (
+        f"the listener's peak grew by {grown >> 20} MiB for a {HUGE >> 20} MiB body"
+    )

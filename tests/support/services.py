@@ -73,6 +73,20 @@ def patched_environ(values: dict[str, str]):
                 os.environ[name] = value
 
 
+def peak_memory(port: int) -> int:
+    """The high-water mark of resident memory of the web server serving `port` (VmHWM), in bytes."""
+    for status in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = status.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"lebureau.server" in command and str(port).encode() in command:
+            for line in (status.parent / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    raise AssertionError(f"no web server serving port {port}")
+
+
 @contextmanager
 def service_process(name: str, args: list[str], env: dict[str, str], log_dir: Path, ready):
     """Run one of the control plane's processes for the suite, until `ready()` is true."""

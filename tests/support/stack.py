@@ -43,7 +43,7 @@ class Stack:
         web = [
             sys.executable,
             "-m",
-            "daphne",
+            "lebureau.server",
             "-b",
             "127.0.0.1",
             "-p",
