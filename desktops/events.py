@@ -71,6 +71,9 @@ class AccessChanged:
 
     user_id: int
     workspace_id: str
+    # Their browser sessions ended (a new password): their streams close, to open again only from a
+    # session still valid.
+    sessions_ended: bool = False
     type: str = "access.changed"
 
 

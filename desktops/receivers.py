@@ -31,9 +31,11 @@ def on_login_failed(sender, credentials, request=None, **kwargs):
     audit_record(actor=Actor(system="anonymous"), action="auth.login_failed", target=tried[:200])
 
 
-def _access_changed_everywhere(user) -> None:
+def _access_changed_everywhere(user, *, sessions_ended: bool = False) -> None:
     for workspace_id in Membership.objects.filter(user=user).values_list("workspace_id", flat=True):
-        publish_access_change(AccessChanged(user_id=user.pk, workspace_id=workspace_id))
+        publish_access_change(
+            AccessChanged(user_id=user.pk, workspace_id=workspace_id, sessions_ended=sessions_ended)
+        )
 
 
 @receiver(pre_save, sender=get_user_model())
@@ -47,7 +49,7 @@ def on_user_saved(sender, instance, **kwargs):
     if getattr(instance, "password_is_new", False):
         # The old password may be what leaked: what was opened with it ends (Django ends its sessions).
         relays_end_for_new_password(user_id=instance.pk)
-        _access_changed_everywhere(instance)
+        _access_changed_everywhere(instance, sessions_ended=True)
     elif not instance.is_active:
         _access_changed_everywhere(instance)
 

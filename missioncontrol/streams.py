@@ -21,7 +21,7 @@ from django_eventstream.channelmanager import DefaultChannelManager
 from django_eventstream.eventstream import channel_permission_changed
 
 from desktops.audit import Actor
-from desktops.events import ACCESS_CHANNEL, workspace_stream
+from desktops.events import ACCESS_CHANNEL, AccessChanged, workspace_stream
 from desktops.selectors import role_in
 
 logger = logging.getLogger(__name__)
@@ -74,15 +74,20 @@ async def _listen():
         await pubsub.subscribe(ACCESS_CHANNEL)
         async for message in pubsub.listen():
             if message["type"] == "message":
-                change = json.loads(message["data"])
-                await sync_to_async(_recheck)(change["user_id"], change["workspace_id"])
+                await sync_to_async(_recheck)(AccessChanged(**json.loads(message["data"])))
 
 
-def _recheck(user_id: int, workspace_id: str) -> None:
-    _checked.pop((user_id, workspace_id), None)
+def _recheck(change: AccessChanged) -> None:
+    user_id, channel = change.user_id, workspace_stream(change.workspace_id)
+    key = (user_id, change.workspace_id)
+    _checked.pop(key, None)
+    if change.sessions_ended:
+        # Every stream of theirs ends: refused for a moment (RECHECK_SECONDS), then a page whose session
+        # is still valid opens it again by itself.
+        _checked[key] = (False, time.monotonic())
     # A deleted account is looked for by its id alone: its streams are found (and kicked) by it.
     user = get_user_model().objects.filter(pk=user_id).first() or get_user_model()(pk=user_id)
     try:
-        channel_permission_changed(user, workspace_stream(workspace_id))
+        channel_permission_changed(user, channel)
     finally:
         connection.close()

@@ -18,6 +18,7 @@ from desktops.audit import Actor, audit_record
 from desktops.events import DesktopStateChanged, publish_state_change
 from desktops.middleware import RequestContext, current_request
 from desktops.models import Role
+from missioncontrol.streams import RECHECK_SECONDS
 from tests.conftest import ROOT, guest_server, web_server
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, UserFactory
 from tests.support.services import peak_memory
@@ -175,6 +176,30 @@ def test_a_removed_members_open_stream_is_cut_at_once(
         assert streams["leaving"].events == []
         for stream in streams.values():
             stream.response.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_password_ends_the_streams_of_the_old_sessions(driver_dir, tmp_path_factory, workspace, plan):
+    """The old password may be what leaked: a page opened with it used to go on receiving the events."""
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    browser = Client()
+    browser.force_login(member.user)
+    cookie = browser.cookies["sessionid"].value
+    with web_server(driver_dir, tmp_path_factory.getbasetemp()) as site:
+        url = f"{site}/events/w/{workspace.id}/"
+        stream = Stream(url, cookie)
+        assert stream.opened.wait(10)
+        member.user.set_password("a-new-password-nobody-has-seen")
+        member.user.save()
+        assert stream.ended.wait(5), "the stream of the old session stayed open"
+        time.sleep(RECHECK_SECONDS)  # past the moment every stream of theirs is refused
+        again = Stream(url, cookie)
+        assert not again.opened.wait(3), "the old session opened the stream again"
+        browser.force_login(member.user)  # signed in again: with the new password's session
+        anew = Stream(url, browser.cookies["sessionid"].value)
+        assert anew.opened.wait(10), "a session of the new password could not open it"
+        for each in (stream, again, anew):
+            each.response.close()
 
 
 # Larger than any limit of the listeners, and than what they may hold of a body in memory (1 MiB).
