@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -441,3 +442,50 @@ def test_a_vm_made_before_the_resolver_gets_it_as_nameserver_with_its_next_polic
     assert not [
         r for r in sim.requests[writes:] if r[:2] == ("PUT", f"/nodes/{vm.node}/qemu/{vm.vmid}/config")
     ]
+
+
+# One resolver serves every tenant: what one VM asks is bounded
+
+
+def test_a_vm_flooding_the_resolver_is_refused_past_its_rate_and_another_is_still_answered(sim, upstream):
+    dns = Dns({"allowed.test": ("203.0.113.10",)})
+    with resolver_world(sim, upstream, dns, resolver_queries_per_second=5) as (pve, service):
+        policy = NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",))
+        (_, flooder), (_, other) = provisioned(sim, pve, policy), provisioned(sim, pve, policy)
+        codes = [
+            ask(service, pve.config.address_of(flooder.vmid), "allowed.test").header.rcode for _ in range(40)
+        ]
+        # The burst (twice the rate) and what the rate adds meanwhile; then refused, not answered.
+        assert 10 <= codes.count(RCODE.NOERROR) <= 15 and codes.count(RCODE.REFUSED) >= 25, codes
+        assert addresses(ask(service, pve.config.address_of(other.vmid), "allowed.test")) == ["203.0.113.11"]
+
+
+def test_a_wildcards_names_cannot_grow_a_vms_set_without_end(sim, upstream):
+    """Each new address of a wildcard's names was one more entry (and one more API write), for ever."""
+    with resolver_world(sim, upstream, Dns({}), resolver_max_addresses=1) as (pve, service):
+        _, vm = provisioned(
+            sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("*.allowed.test",))
+        )
+        source = pve.config.address_of(vm.vmid)
+        assert addresses(ask(service, source, "www.allowed.test")) == ["203.0.113.12"]
+        assert ask(service, source, "short.allowed.test").header.rcode == RCODE.SERVFAIL
+        assert set(entries(vm)) == {"203.0.113.12/32"}
+
+
+def test_silent_connections_hold_a_bounded_number_of_the_resolvers_threads(sim, upstream, monkeypatch):
+    """dnslib's servers start a thread for every query, so silent TCP connections were a thread each."""
+    monkeypatch.setattr("workers.drivers.proxmox.resolver.TCP_IDLE", 3)
+    dns = Dns({"allowed.test": ("203.0.113.10",)})
+    with resolver_world(sim, upstream, dns, resolver_threads=2) as (pve, service):
+        _, vm = provisioned(sim, pve, NetworkPolicy(allow_internet=False, allowed_domains=("allowed.test",)))
+        source = pve.config.address_of(vm.vmid)
+        before = threading.active_count()
+        silent = [socket.create_connection(service.address, timeout=5) for _ in range(20)]
+        try:
+            time.sleep(0.5)
+            assert threading.active_count() - before <= 2
+            # Over UDP, the desktop is still answered (the TCP threads are all taken).
+            assert addresses(ask(service, source, "allowed.test")) == ["203.0.113.11"]
+        finally:
+            for connection in silent:
+                connection.close()

@@ -74,6 +74,12 @@ class ProxmoxConfig:
     # Seconds between two writes of the names the resolver refused a VM (into its firewall, see
     # ``blocked``): a burst of refused look-ups costs one write per this while, not one each.
     resolver_refused_interval: float = 5.0
+    # One resolver serves every tenant: the threads answering at once (past them, queries wait, and past
+    # as many waiting are dropped: a DNS client asks again), the queries a second one VM may ask (twice
+    # as many in a burst; past it, refused), and the answered addresses one VM's set may hold.
+    resolver_threads: int = 16
+    resolver_queries_per_second: float = 50.0
+    resolver_max_addresses: int = 1024
     api_timeout: int = 30
     task_timeout: float = 600.0
     agent_timeout: float = 300.0
@@ -172,6 +178,13 @@ class ProxmoxConfig:
             resolver_policy_ttl=env.float("PROXMOX_RESOLVER_POLICY_TTL", defaults["resolver_policy_ttl"]),
             resolver_refused_interval=env.float(
                 "PROXMOX_RESOLVER_REFUSED_INTERVAL", defaults["resolver_refused_interval"]
+            ),
+            resolver_threads=env.int("PROXMOX_RESOLVER_THREADS", defaults["resolver_threads"]),
+            resolver_queries_per_second=env.float(
+                "PROXMOX_RESOLVER_QUERIES_PER_SECOND", defaults["resolver_queries_per_second"]
+            ),
+            resolver_max_addresses=env.int(
+                "PROXMOX_RESOLVER_MAX_ADDRESSES", defaults["resolver_max_addresses"]
             ),
             api_timeout=env.int("PROXMOX_API_TIMEOUT", defaults["api_timeout"]),
             task_timeout=env.float("PROXMOX_TASK_TIMEOUT", defaults["task_timeout"]),

@@ -38,8 +38,10 @@ import logging
 import math
 import signal
 import socket
+import socketserver
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -113,6 +115,8 @@ class DesktopResolver(BaseResolver):
         self._writes: dict[int, threading.Timer] = {}
         # One write at a time: each reads the record, adds to it and puts it back.
         self._record_lock = threading.Lock()
+        # Each asker's allowance of queries (a token bucket: tokens, when last filled, monotonic).
+        self._allowance: dict[str, tuple[float, float]] = {}
 
     # -- dnslib's entry point ------------------------------------------------------------------
 
@@ -129,6 +133,8 @@ class DesktopResolver(BaseResolver):
         """The answer to a query from ``source``."""
         reply = request.reply()
         if len(request.questions) != 1 or request.header.opcode != 0:
+            return _rcode(reply, RCODE.REFUSED)
+        if not self._within_rate(source):
             return _rcode(reply, RCODE.REFUSED)
         vmid = self.config.vmid_at(source)
         try:
@@ -169,6 +175,17 @@ class DesktopResolver(BaseResolver):
                 logger.warning("could not allow %s to %s: %s", name, desktop.key, exc.message)
                 return _rcode(request.reply(), RCODE.SERVFAIL)
         return reply
+
+    def _within_rate(self, source: str) -> bool:
+        """Whether `source` may ask one more query now: RESOLVER_QUERIES_PER_SECOND, bursts of twice that."""
+        rate = self.config.resolver_queries_per_second
+        now = time.monotonic()
+        with self._lock:
+            tokens, filled = self._allowance.get(source, (2 * rate, now))
+            tokens = min(2 * rate, tokens + (now - filled) * rate)
+            allowed = tokens >= 1
+            self._allowance[source] = (tokens - 1 if allowed else tokens, now)
+        return allowed
 
     # -- the desktops and their sets --------------------------------------------------------------
 
@@ -225,6 +242,12 @@ class DesktopResolver(BaseResolver):
                 cidr = f"{address}/32"
                 until = math.ceil(now + ttl + self.config.resolver_grace)
                 if cidr not in desktop.entries:
+                    if len(desktop.entries) >= self.config.resolver_max_addresses:
+                        # A wildcard's names could otherwise grow the set (an API write each) without end.
+                        raise DriverError(
+                            f"VM {desktop.vmid}'s set holds {len(desktop.entries)} answered addresses, "
+                            "the most it may"
+                        )
                     try:
                         self.pve.call(
                             f"allow {cidr} to VM {desktop.vmid}",
@@ -390,6 +413,42 @@ class _Handler(DNSHandler):
             logger.info("DNS over TCP from %s dropped: %s", self.client_address[0], exc)
 
 
+class _Pooled:
+    """socketserver's threading, bounded: RESOLVER_THREADS threads answer; past as many requests waiting,
+    new ones are dropped (dnslib's own servers start a thread for every query)."""
+
+    def start_pool(self, threads: int) -> None:
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="resolver")
+        self.slots = threading.BoundedSemaphore(2 * threads)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        self.pool.submit(self._serve, request, client_address)
+
+    def _serve(self, request, client_address):
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # socketserver's own threads report it and go on, as this does
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self.slots.release()
+
+    def server_close(self):
+        super().server_close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _PooledUDP(_Pooled, socketserver.UDPServer):
+    allow_reuse_address = True
+
+
+class _PooledTCP(_Pooled, socketserver.TCPServer):
+    allow_reuse_address = True
+
+
 class ResolverService:
     """The resolver on UDP and TCP, each served by threads of this process."""
 
@@ -412,7 +471,12 @@ class ResolverService:
         self.address = (host, self.udp.server.server_address[1])
 
     def _server(self, host: str, port: int, *, tcp: bool) -> DNSServer:
-        return DNSServer(self.resolver, address=host, port=port, tcp=tcp, logger=_Quiet(), handler=_Handler)
+        kind = _PooledTCP if tcp else _PooledUDP
+        server = DNSServer(
+            self.resolver, address=host, port=port, logger=_Quiet(), handler=_Handler, server=kind
+        )
+        server.server.start_pool(self.resolver.config.resolver_threads)
+        return server
 
     def start(self) -> ResolverService:
         self.udp.start_thread()
