@@ -98,9 +98,8 @@ def audit_record(
     return event
 
 
-def event_digest(event) -> str:
-    """HMAC-SHA256, under a key the database does not hold, of everything an event says and the hash
-    of the event before it."""
+def event_canonical(event) -> str:
+    """Everything an event says, and the hash of the event before it, as one string: what its hash covers."""
     fields = [
         event.seq,
         event.id,
@@ -114,9 +113,13 @@ def event_digest(event) -> str:
         event.detail,
         event.prev_hash,
     ]
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def event_digest(event) -> str:
+    """HMAC-SHA256 of the event's canonical form, under a key the database does not hold."""
     key = settings.AUDIT_CHAIN_KEY or settings.SECRET_KEY
-    return salted_hmac(CHAIN_SALT, canonical, secret=key, algorithm="sha256").hexdigest()
+    return salted_hmac(CHAIN_SALT, event_canonical(event), secret=key, algorithm="sha256").hexdigest()
 
 
 # Keeps the chain's HMAC apart from every other use of the same secret.

@@ -2,12 +2,10 @@
 the events written before are chained again, from the latest checkpoint on (what it covers is gone)."""
 
 import hashlib
-import json
-from datetime import UTC
 
 from django.db import migrations
 
-from desktops.audit import event_digest
+from desktops.audit import event_canonical, event_digest
 
 # Chaining again needs UPDATE, which the append-only trigger refuses.
 UNLOCK = "ALTER TABLE desktops_auditevent DISABLE TRIGGER desktops_auditevent_append_only"
@@ -16,21 +14,7 @@ LOCK = "ALTER TABLE desktops_auditevent ENABLE TRIGGER desktops_auditevent_appen
 
 def plain_digest(event) -> str:
     """The hash of the chain before this migration (plain SHA-256), for going back to it."""
-    fields = [
-        event.seq,
-        event.id,
-        event.at.astimezone(UTC).isoformat(timespec="microseconds"),
-        event.actor,
-        event.workspace_id,
-        event.action,
-        event.target,
-        event.ip or "",
-        event.request_id,
-        event.detail,
-        event.prev_hash,
-    ]
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(event_canonical(event).encode()).hexdigest()
 
 
 def rechain(digest):
