@@ -5,7 +5,7 @@ every heartbeat, which catches what no signal reports (a queryset update)."""
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_login_failed
-from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
+from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 
 from desktops import selectors, services
@@ -54,14 +54,9 @@ def on_user_saved(sender, instance, **kwargs):
         _access_changed_everywhere(instance)
 
 
-@receiver(pre_delete, sender=get_user_model())
-def on_user_deleting(sender, instance, **kwargs):
-    # Before the memberships go with the account: they say which workspaces' streams to cut.
-    _access_changed_everywhere(instance)
-
-
 @receiver(post_delete, sender=Membership)
 def on_membership_deleted(sender, instance, **kwargs):
+    # Whoever deleted it: a service, the admin, or an account deleted with its memberships.
     publish_access_change(AccessChanged(user_id=instance.user_id, workspace_id=instance.workspace_id))
 
 

@@ -327,8 +327,7 @@ def membership_remove(*, actor: Actor, workspace_id: str, membership_id: str) ->
         membership = _membership_of(workspace, membership_id)
         _owner_only_for_owners(actor, workspace, membership)
         _ensure_an_owner_remains(workspace, membership)
-        membership.delete()
-    publish_access_change(AccessChanged(user_id=membership.user_id, workspace_id=workspace.id))
+        membership.delete()  # its open relays and streams are cut by desktops.receivers
     # The address too: once the membership is gone, the log still says whom it was.
     audit_record(
         actor=actor,
