@@ -1,4 +1,5 @@
-"""The tier's quotas, checked where desktops are made, started and resumed.
+"""The tier's quotas, checked where desktops are made, started and resumed (and, on a free tier, that an
+owner of the workspace has confirmed their e-mail address).
 
 Each check locks the workspace's row for the rest of the caller's transaction: concurrent creates
 and starts of one workspace queue there until the one ahead commits, so each counts the desktops
@@ -11,8 +12,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from billing.money import euros
-from billing.selectors import QuotaUsage, quota_usage
-from desktops.errors import QuotaExceeded
+from billing.selectors import QuotaUsage, confirmation_awaited, quota_usage
+from desktops.errors import QuotaExceeded, Unconfirmed
 from desktops.models import Desktop, Plan, Workspace
 
 # The actions that make a desktop run again.
@@ -65,6 +66,13 @@ def quota_check_action(*, desktop: Desktop, action: str) -> None:
 
 def _locked(workspace_id: str, exclude: str = "") -> QuotaUsage:
     workspace = Workspace.objects.select_for_update().get(id=workspace_id)
+    if confirmation_awaited(workspace=workspace):
+        raise Unconfirmed(
+            _(
+                "Desktops run on this tier once an owner of the workspace has confirmed their e-mail "
+                "address: follow the link in the e-mail sent at sign-up (Mission Control sends another)."
+            )
+        )
     return quota_usage(workspace=workspace, exclude=exclude)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.core.cache import cache
 from django.db.models import Count, Q, QuerySet, Sum
@@ -36,7 +37,7 @@ from billing.models import (
 )
 from desktops.agent_config import PROVIDERS
 from desktops.audit import Actor
-from desktops.models import ChatMessage, Desktop, DesktopEvent, Plan, Workspace
+from desktops.models import ChatMessage, Desktop, DesktopEvent, Plan, Role, Workspace
 from desktops.models import DesktopState as S
 from desktops.selectors import desktop_get, plan_list, workspace_get
 
@@ -60,6 +61,16 @@ def tier_of(workspace: Workspace) -> Tier:
     """The workspace's tier; one made outside the services (the admin's add form) is on the default."""
     tier = Tier.objects.filter(subscriptions__workspace=workspace).first()
     return tier or tier_default()
+
+
+def confirmation_awaited(*, workspace: Workspace) -> bool:
+    """Whether the workspace's desktops wait for an owner to confirm their e-mail address: on a tier
+    without a fee, as addresses are free to make and each would otherwise bring its free quotas."""
+    if not settings.FREE_TIER_NEEDS_CONFIRMED_EMAIL or tier_of(workspace).monthly_fee != 0:
+        return False
+    return not EmailAddress.objects.filter(
+        verified=True, user__memberships__workspace=workspace, user__memberships__role=Role.OWNER
+    ).exists()
 
 
 def price_of(plan: Plan) -> PlanPrice:

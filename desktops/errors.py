@@ -33,6 +33,12 @@ class QuotaExceeded(DomainError):
     status, code = 409, "quota_exceeded"
 
 
+class Unconfirmed(DomainError):
+    """Someone must confirm their e-mail address first (desktops run on a free tier once an owner has)."""
+
+    status, code = 403, "email_unconfirmed"
+
+
 class Unavailable(DomainError):
     """Something the request needs (an engine, a desktop's service) is not answering now."""
 

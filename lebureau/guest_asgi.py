@@ -1,7 +1,9 @@
 """The guest endpoint's server: the one listener desktops may reach (`GUEST_URL`).
 
-It runs the same Django project, but every request it takes is resolved against the guest URLs alone
-(`lebureau.guest_urls`), whatever its path: Mission Control, the API and the admin are not served here.
+It runs the same Django project under its own settings (`lebureau.guest_settings`: the middleware a
+desktop's calls need alone), and every request it takes is resolved against the guest URLs alone
+(`lebureau.guest_urls`), whatever its path: Mission Control, the API, the admin and the static files
+are not served here.
 """
 
 import os
@@ -9,7 +11,8 @@ import os
 from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIHandler
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lebureau.settings")
+# Not setdefault: a process started with the project's settings in its environment still gets these.
+os.environ["DJANGO_SETTINGS_MODULE"] = "lebureau.guest_settings"
 get_asgi_application()  # sets Django up
 
 GUEST_URLCONF = "lebureau.guest_urls"

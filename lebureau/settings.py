@@ -389,6 +389,11 @@ DESKTOP_SSH_PORT = env.int("DESKTOP_SSH_PORT", 22)
 DESKTOP_SSH_USER = env.str("DESKTOP_SSH_USER", "agent")
 # The largest request body the REST API reads (it takes small JSON documents).
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", 256 * 1024)
+# Refused by the web server from their headers: a body larger than any endpoint takes (keep it at least
+# the largest plan's transfer_max_mib), and bodies past what those being received may hold of the disk
+# together.
+WEB_MAX_BODY_MIB = env.int("WEB_MAX_BODY_MIB", 4096)
+WEB_BODIES_ON_DISK_MIB = env.int("WEB_BODIES_ON_DISK_MIB", 16384)
 # Commands, downloads and screen actions of one person (or one desktop's agent) running at once.
 LONG_CALLS_PER_PERSON = env.int("LONG_CALLS_PER_PERSON", 4)
 DEFAULT_PLAN = env.str("DEFAULT_PLAN", "starter")
@@ -397,6 +402,10 @@ DEFAULT_IMAGE_PROFILE = env.str("DEFAULT_IMAGE_PROFILE", "full")
 DEFAULT_TIER = env.str("DEFAULT_TIER", "free")
 # Workspaces on a tier without a fee that one person may own (quotas are per workspace).
 FREE_WORKSPACES_PER_PERSON = env.int("FREE_WORKSPACES_PER_PERSON", 1)
+# On a tier without a fee, desktops are made and started only once an owner of the workspace has
+# confirmed their e-mail address (one mailbox per free workspace); not by default on a development
+# machine, which sends no mail.
+FREE_TIER_NEEDS_CONFIRMED_EMAIL = env.bool("FREE_TIER_NEEDS_CONFIRMED_EMAIL", not DEBUG)
 # Platform e-mail carries words its senders chose: bounded, so that it cannot serve as a spam relay.
 INVITATIONS_PER_DAY = env.int("INVITATIONS_PER_DAY", 20)  # sent by one workspace
 APPROVAL_EMAILS_PER_HOUR = env.int("APPROVAL_EMAILS_PER_HOUR", 10)  # about one desktop's requests

@@ -32,6 +32,7 @@ from billing.selectors import (
     agent_model,
     agent_usage_of_desktop,
     agent_usage_of_workspace,
+    confirmation_awaited,
     costs_of_desktop,
     costs_of_workspace,
     fleet_spend_shown,
@@ -288,6 +289,7 @@ def desktops(request, new_form=None):
         query=query_without_page(request),
         new_form=new_form or forms.NewComputerForm(initial={"image_profile": "full"}),
         spend_alert=_latest_alert(request.workspace),
+        confirmation_awaited=confirmation_awaited(workspace=request.workspace),
         labels=selectors.label_list(workspace=request.workspace),
     )
 

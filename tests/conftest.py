@@ -269,14 +269,20 @@ def web_server(
 
 @contextmanager
 def guest_server(
-    driver_dir: Path, basetemp: Path, host: str = "127.0.0.1", port: int | None = None, **extra: str
+    driver_dir: Path,
+    basetemp: Path,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    ready=None,
+    **extra: str,
 ):
-    """Daphne serving the guest endpoint (`lebureau.guest_asgi`), as `make run` does; yields its URL."""
+    """Daphne serving the guest endpoint (`lebureau.guest_asgi`), as `make run` does; yields its URL once
+    `ready()` (by default: once its port answers)."""
     port = port or free_port()
     app = "lebureau.guest_asgi:application"
-    args = [sys.executable, "-m", "lebureau.server", "-b", host, "-p", str(port), app]
+    args = [sys.executable, "-m", "lebureau.server", "--freebind", "-b", host, "-p", str(port), app]
     env = service_env(driver_dir, basetemp, ALLOWED_HOSTS=host, **extra)
-    with service_process(f"guest-{port}", args, env, basetemp, lambda: port_open(port, host)):
+    with service_process(f"guest-{port}", args, env, basetemp, ready or (lambda: port_open(port, host))):
         yield f"http://{host}:{port}"
 
 

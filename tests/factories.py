@@ -25,10 +25,17 @@ PASSWORD = "correct horse battery staple"
 class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = get_user_model()
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
     password = factory.django.Password(PASSWORD)
+
+    @factory.post_generation
+    def confirmed(user, create, confirmed, **kwargs):
+        """Their address, confirmed unless `confirmed=False` (a free tier's desktops wait for that)."""
+        if create and user.email:
+            user.emailaddress_set.create(email=user.email, verified=confirmed is not False, primary=True)
 
 
 class WorkspaceFactory(factory.django.DjangoModelFactory):

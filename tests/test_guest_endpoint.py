@@ -24,6 +24,7 @@ from desktops.models import AuditEvent, Desktop, Role
 from tests.conftest import ROOT, api_key_for, guest_server
 from tests.factories import DesktopFactory
 from tests.support import services as real
+from tests.support.services import free_port, port_open
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,11 +57,43 @@ def test_a_desktop_is_known_by_its_own_token_and_nothing_else(guest, members, ow
 
 
 def test_the_guest_listener_serves_no_page_no_api_and_no_admin(guest, members, owner_key):
+    """It once ran Mission Control's whole middleware: its static files were served to desktops, and a
+    session cookie was read."""
     _, token = desktop_with_token(workspace=members[Role.OWNER].workspace)
-    for path in ("/", "/api/desktops", "/api/schema/", "/admin/", "/accounts/login/", "/events/w/x/"):
+    paths = ("/", "/api/desktops", "/api/schema/", "/admin/", "/accounts/login/", "/events/w/x/")
+    for path in (*paths, "/static/app.js", "/static/admin/css/base.css"):
         for credential in (owner_key, token):
-            response = call(guest, path, credential)
+            response = call(guest, path, credential, cookies={"sessionid": "stolen", "csrftoken": "x"})
             assert response.status_code == 404, (path, response.status_code, response.text[:200])
+            assert "Set-Cookie" not in response.headers and "Cookie" not in response.headers.get("Vary", "")
+
+
+# An address of an interface the test makes, after the listener started.
+LATE_ADDRESS, LATE_INTERFACE = "10.215.99.1", "lbguesttest0"
+
+
+def test_the_guest_listener_is_on_its_own_address_alone_even_before_that_exists(driver_dir, tmp_path_factory):
+    """It listened on every interface, as the desktops' bridge it serves may not exist when it starts: a
+    neighbour reached it through any other."""
+    basetemp, port = tmp_path_factory.getbasetemp(), free_port()
+    log = basetemp / f"guest-{port}.log"
+
+    def listening():
+        return log.exists() and f"Listening on TCP address {LATE_ADDRESS}:{port}" in log.read_text()
+
+    try:
+        with guest_server(driver_dir, basetemp, LATE_ADDRESS, port, ready=listening):
+            assert not port_open(port, "127.0.0.1")  # nor on any other address of the host's
+            for command in (
+                ["link", "add", LATE_INTERFACE, "type", "bridge"],
+                ["addr", "add", f"{LATE_ADDRESS}/32", "dev", LATE_INTERFACE],
+                ["link", "set", LATE_INTERFACE, "up"],
+            ):
+                subprocess.run(["ip", *command], check=True)
+            answer = requests.get(f"http://{LATE_ADDRESS}:{port}/v1/desktop", timeout=10)
+            assert answer.status_code == 401, answer.text
+    finally:
+        subprocess.run(["ip", "link", "del", LATE_INTERFACE], check=False, capture_output=True)
 
 
 def test_one_desktops_token_cannot_touch_anothers_requests(guest, members):

@@ -40,9 +40,7 @@ def invite(members, workspace, email=HIRE, role="admin"):
 
 
 def person(email: str, *, confirmed: bool):
-    user = UserFactory(email=email)
-    user.emailaddress_set.create(email=email, verified=confirmed, primary=True)
-    return user
+    return UserFactory(email=email, confirmed=confirmed)
 
 
 def test_a_pre_registered_unconfirmed_address_cannot_take_an_invitation(members, workspace):

@@ -154,8 +154,8 @@ def test_an_invitation_is_accepted_by_its_invitee_from_the_confirmed_address(
     assert (
         mail.outbox and "newcomer@example.com" in mail.outbox[0].to and "/invitations/" in mail.outbox[0].body
     )
-    newcomer = UserFactory(email="newcomer@example.com")
-    address = newcomer.emailaddress_set.create(email="newcomer@example.com", verified=False, primary=True)
+    newcomer = UserFactory(email="newcomer@example.com", confirmed=False)
+    address = newcomer.emailaddress_set.get()
     client.force_login(newcomer)
     # Not yet confirmed: the invitation waits, and nothing joins.
     page = client.get("/invitations/").content.decode()

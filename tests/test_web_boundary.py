@@ -4,6 +4,7 @@ formula into a spreadsheet, the switcher answering 500, a body too large for mem
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from desktops.models import Role
 from missioncontrol.streams import RECHECK_SECONDS
 from tests.conftest import ROOT, guest_server, web_server
 from tests.factories import PASSWORD, DesktopFactory, MembershipFactory, UserFactory
-from tests.support.services import peak_memory
+from tests.support.services import held_in_temporary_files, peak_memory, server_pid
 
 pytestmark = pytest.mark.django_db
 
@@ -204,18 +205,48 @@ def test_a_new_password_ends_the_streams_of_the_old_sessions(driver_dir, tmp_pat
 
 # Larger than any limit of the listeners, and than what they may hold of a body in memory (1 MiB).
 HUGE = 200 * 1024 * 1024
+CHUNK = 1024 * 1024
+MIB = 1024 * 1024
 
 
+class Watch:
+    """The most the listener holds in temporary files while a request runs, sampled every 20 ms."""
+
+    def __init__(self, port: int):
+        self.pid, self.most, self.done = server_pid(port), 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self.done.wait(0.02):
+            self.most = max(self.most, held_in_temporary_files(self.pid))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def _zeros(total: int):
+    """A body without a length (sent chunked), made as it is sent."""
+    for _ in range(total // CHUNK):
+        yield bytes(CHUNK)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["sized", "chunked"])
 @pytest.mark.parametrize(
-    ("listener", "path", "refused"),
-    [(web_server, "/api/desktops/dsk_anyone/files?path=big", 401), (guest_server, "/v1/approvals", 413)],
+    ("listener", "path"),
+    [(web_server, "/api/desktops/dsk_anyone/files?path=big"), (guest_server, "/v1/approvals")],
 )
 @pytest.mark.django_db(transaction=True)
-def test_an_anonymous_body_larger_than_any_limit_costs_the_listeners_none_of_their_memory(
-    driver_dir, tmp_path_factory, tmp_path, listener, path, refused
+def test_an_anonymous_body_larger_than_any_limit_costs_the_listeners_neither_memory_nor_disk(
+    driver_dir, tmp_path_factory, tmp_path, listener, path, chunked
 ):
     """Daphne read a whole body into its memory before any check: one anonymous PUT of 8 GiB was 8 GiB
-    of the web server's, or the guest endpoint's."""
+    of the web server's, or the guest endpoint's; and before daphne, Twisted wrote all of it to a
+    temporary file (200 MiB of disk for this one)."""
     body = tmp_path / "huge"
     with body.open("wb") as f:
         f.truncate(HUGE)  # sparse: sent whole (with its Content-Length), stored nowhere
@@ -223,10 +254,39 @@ def test_an_anonymous_body_larger_than_any_limit_costs_the_listeners_none_of_the
         port = int(site.rsplit(":", 1)[1])
         assert requests.get(f"{site}/", timeout=10).status_code < 500
         before = peak_memory(port)
-        with body.open("rb") as data:
-            answer = requests.put(f"{site}{path}", data=data, timeout=120)
-        assert answer.status_code == refused, answer.text
+        with body.open("rb") as data, Watch(port) as disk:
+            sent = _zeros(HUGE) if chunked else data
+            answer = requests.put(f"{site}{path}", data=sent, headers={"Accept-Language": "fr"}, timeout=120)
+        assert answer.status_code == 401, answer.text
+        # Refused by the server itself, from its headers (in the asker's language).
+        assert answer.json()["error"]["code"] == "not_authenticated", answer.text
+        assert "identifiants" in answer.json()["error"]["message"], answer.text
         grown = peak_memory(port) - before
-    assert grown < 32 * 1024 * 1024, (
-        f"the listener's peak grew by {grown >> 20} MiB for a {HUGE >> 20} MiB body"
-    )
+    assert grown < 32 * MIB, f"the listener's peak grew by {grown >> 20} MiB for a {HUGE >> 20} MiB body"
+    assert disk.most < MIB, f"the listener held {disk.most >> 20} MiB of it on disk"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bodies_with_credentials_are_bounded_alone_and_together(driver_dir, tmp_path_factory):
+    """A key (even a made-up one) let any body through to the disk: larger than any endpoint takes, and
+    as many at once as the disk holds."""
+    limits = {"WEB_MAX_BODY_MIB": "16", "WEB_BODIES_ON_DISK_MIB": "8"}
+    keyed = {"Authorization": "Bearer lb_made_up"}
+    with web_server(driver_dir, tmp_path_factory.getbasetemp(), **limits) as site:
+        url = f"{site}/api/desktops/dsk_anyone/files?path=big"
+        too_large = requests.put(url, data=bytes(17 * MIB), headers=keyed, timeout=60)
+        assert too_large.status_code == 413 and too_large.json()["error"]["code"] == "too_large"
+        # One request that announces 6 MiB and holds: its body is counted from its headers.
+        host, port = site.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as held:
+            held.sendall(
+                f"PUT /api/desktops/dsk_anyone/files?path=big HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer lb_made_up\r\nContent-Length: {6 * MIB}\r\n\r\n".encode()
+                + bytes(MIB)
+            )
+            time.sleep(0.5)
+            busy = requests.put(url, data=bytes(6 * MIB), headers=keyed, timeout=60)
+            assert busy.status_code == 503 and busy.headers["Retry-After"] == "30", busy.text
+        time.sleep(0.5)  # the held one gone, its share is free again: the app answers the made-up key
+        admitted = requests.put(url, data=bytes(6 * MIB), headers=keyed, timeout=60)
+        assert admitted.status_code == 401 and admitted.json()["error"]["code"] != "not_authenticated"

@@ -59,6 +59,12 @@ class BodyTooLarge(APIException):
 
 # What a 409 means where the services can answer one (desktops.errors.Conflict).
 NOT_NOW = OpenApiResponse(description=_("Not allowed in the current state"))
+UNCONFIRMED = OpenApiResponse(
+    description=_(
+        "On a tier without a fee, no owner of the workspace has confirmed an e-mail address yet "
+        "(code email_unconfirmed)"
+    )
+)
 TOO_LARGE = OpenApiResponse(description=_("More than the desktop's plan moves at once"))
 
 
@@ -181,6 +187,7 @@ class DesktopViewSet(ApiViewSet):
         request=s.DesktopCreateSerializer,
         responses={
             201: s.DesktopSerializer,
+            403: UNCONFIRMED,
             409: OpenApiResponse(description="Past a quota of the workspace's tier (code quota_exceeded)"),
         },
     )

@@ -1,6 +1,7 @@
 """Quotas refuse in words that name the quota and the numbers, through the API and the pages, and
 none slips past under concurrent requests (threads, each on its own PostgreSQL connection)."""
 
+import re
 import threading
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -8,6 +9,8 @@ from decimal import Decimal
 import pytest
 import time_machine
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
 from billing import services as billing
 from billing.models import SpendAlert, Subscription, Tier
@@ -23,6 +26,7 @@ from tests.factories import (
     PlanFactory,
     SubscriptionFactory,
     TierFactory,
+    UserFactory,
     api_key_for,
     history,
     round_prices,
@@ -228,3 +232,46 @@ def test_tiers_are_seeded_and_free_is_the_default(settings):
     free = Tier.objects.get(name="free")
     assert (free.max_desktops, free.max_running, free.monthly_fee) == (5, 3, 0)
     assert free.monthly_spend_cap == free.included_usage
+
+
+@pytest.mark.django_db
+def test_a_free_workspace_runs_nothing_until_an_owner_confirms_an_address(plan, mailoutbox, settings):
+    """Addresses cost nothing to make, and each brought a free workspace's quotas: a script signing up
+    with made-up addresses had three desktops running for each."""
+    settings.FREE_TIER_NEEDS_CONFIRMED_EMAIL = True  # a deployment's default (DEBUG off)
+    owner = MembershipFactory(user=UserFactory(confirmed=False), role=Role.OWNER)
+    workspace = owner.workspace
+    # A confirmed member does not stand for the owner: a second account is as free to make.
+    api = client_for(key=api_key_for(MembershipFactory(workspace=workspace, role=Role.ADMIN)))
+    stopped = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED)
+    for response in (
+        api.post("/api/desktops", {"name": "one"}, format="json"),
+        api.post(f"/api/desktops/{stopped.id}/start"),
+    ):
+        assert response.status_code == 403, response.content
+        assert response.json()["error"]["code"] == "email_unconfirmed", response.content
+    assert not workspace.desktops.filter(name="one").exists()
+    assert Desktop.objects.get(id=stopped.id).state == DesktopState.STOPPED
+    # The owner's page says so, and sends the link again.
+    browser = Client()
+    browser.force_login(owner.user)
+    page = browser.get(reverse("desktops", args=[workspace.id])).content.decode()
+    assert "Confirm your e-mail address" in page and "Send the link again" in page
+    browser.post(reverse("account_email"), {"email": owner.user.email, "action_send": ""})
+    [mail] = mailoutbox
+    link = re.search(r"https?://[^/\s]+(/accounts/confirm-email/\S+/)", mail.body).group(1)
+    browser.post(link)
+    assert api.post("/api/desktops", {"name": "one"}, format="json").status_code == 201
+    assert (
+        "Confirm your e-mail address"
+        not in browser.get(reverse("desktops", args=[workspace.id])).content.decode()
+    )
+
+
+@pytest.mark.django_db
+def test_a_paid_tier_does_not_wait_for_a_confirmed_address(plan, settings):
+    settings.FREE_TIER_NEEDS_CONFIRMED_EMAIL = True
+    owner = MembershipFactory(user=UserFactory(confirmed=False), role=Role.OWNER)
+    SubscriptionFactory(workspace=owner.workspace, tier=TierFactory(monthly_fee=Decimal(20)))
+    api = client_for(key=api_key_for(owner))
+    assert api.post("/api/desktops", {"name": "one"}, format="json").status_code == 201

@@ -731,7 +731,7 @@ def test_a_neighbour_routing_through_another_interface_reaches_nothing_meant_for
 
 
 FLOOD = r"""
-import select, socket, struct, sys, time
+import os, select, socket, struct, sys, time
 gateway, port = sys.argv[1], int(sys.argv[2])
 
 def flood(sock, packet, to, is_answer):
@@ -756,15 +756,25 @@ echo = struct.pack("!BBHHH", 8, 0, ~((total & 0xFFFF) + (total >> 16)) & 0xFFFF,
 icmp = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
 print("pings", flood(icmp, echo, (gateway, 0), lambda reply: reply[20] == 0))
 # Last: the connections it holds open keep new ones out for as long as they stay.
-connections = []
-for _ in range(250):
-    conn = socket.socket()
-    conn.setblocking(False)
-    conn.connect_ex((gateway, port))
-    connections.append(conn)
-time.sleep(3)
-done = select.select([], connections, [], 0)[1]  # the others still wait for an answer to their SYN
-print("connections", sum(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for c in done))
+def connect(n):
+    opened = []
+    for _ in range(n):
+        conn = socket.socket()
+        conn.setblocking(False)
+        conn.connect_ex((gateway, port))
+        opened.append(conn)
+    time.sleep(3)
+    done = select.select([], opened, [], 0)[1]  # the others still wait for an answer to their SYN
+    return opened, sum(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for c in done)
+
+held, count = connect(250)
+print("connections", count)
+# Then the host's firewall is rewritten (its tenant makes another desktop), and it tries again.
+open("/tmp/full", "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists("/tmp/rewritten") and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("after_rewrite", connect(50)[1])
 """
 
 
@@ -772,17 +782,28 @@ def test_a_desktop_cannot_fill_the_hosts_connection_table_nor_flood_its_dns_and_
     desktops, client_key, internet
 ):
     """Its DNS and pings to the host were accepted without limit, and its connections counted against
-    the host's one table (shared by every desktop and the host) without a share of their own."""
+    the host's one table (shared by every desktop and the host) without a share of their own; and once
+    limited, the counts started again whenever the firewall was rewritten."""
     _, status = desktops(network_policy=ALLOW_LISTED)
     limits = TEST_CONFIG.host_limits
-    with socket.create_server((GATEWAY, HOST_PORT), backlog=512):  # completes connections, never accepts
-        code, out, err = ssh(
-            status.private_ip, client_key, f"python3 - {GATEWAY} {HOST_PORT}", "root", 60, FLOOD
-        )
+    ip = status.private_ip
+    with (
+        socket.create_server((GATEWAY, HOST_PORT), backlog=512),  # completes connections, never accepts
+        ThreadPoolExecutor(1) as pool,
+    ):
+        flood = pool.submit(ssh, ip, client_key, f"python3 - {GATEWAY} {HOST_PORT}", "root", 120, FLOOD)
+        while ssh(ip, client_key, "test -f /tmp/full", "root")[0] != 0:
+            assert not flood.done(), flood.result()
+            time.sleep(0.5)
+        desktops()
+        ssh(ip, client_key, "touch /tmp/rewritten", "root")
+        code, out, err = flood.result()
     assert code == 0, err
     got = {name: int(count) for name, count in (line.split() for line in out.splitlines())}
     # Without the limits, all 250 connections open and about 1,000 queries and pings are answered.
     assert limits.connections - 10 <= got["connections"] <= limits.connections, got
+    # With the counts in the rewritten tables, another 50 open.
+    assert got["connections"] + got["after_rewrite"] <= limits.connections, got
     # At most the burst (twice the rate) and the rate for the 2 to 3 s of the flood.
     assert 0 < got["dns"] <= 2 * limits.dns_per_second + 3 * limits.dns_per_second, got
     assert 0 < got["pings"] <= 2 * limits.pings_per_second + 3 * limits.pings_per_second, got

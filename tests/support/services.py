@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,18 +73,34 @@ def patched_environ(values: dict[str, str]):
                 os.environ[name] = value
 
 
-def peak_memory(port: int) -> int:
-    """The high-water mark of resident memory of the web server serving `port` (VmHWM), in bytes."""
-    for status in Path("/proc").glob("[0-9]*/cmdline"):
+def server_pid(port: int) -> int:
+    """The web server serving `port`."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            command = status.read_bytes().split(b"\0")
+            command = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
         if b"lebureau.server" in command and str(port).encode() in command:
-            for line in (status.parent / "status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+            return int(cmdline.parent.name)
     raise AssertionError(f"no web server serving port {port}")
+
+
+def peak_memory(port: int) -> int:
+    """The high-water mark of resident memory of the web server serving `port` (VmHWM), in bytes."""
+    for line in Path(f"/proc/{server_pid(port)}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for the web server serving port {port}")
+
+
+def held_in_temporary_files(pid: int) -> int:
+    """What the process's open, deleted files (its temporary files) hold of the disk, in bytes."""
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with suppress(OSError):
+            if os.readlink(fd).endswith(" (deleted)"):
+                held += fd.stat().st_blocks * 512
+    return held
 
 
 @contextmanager

@@ -454,7 +454,7 @@ class LxcDriver(ComputeDriver):
                         config.nft_table,
                         config.veth_prefix,
                         config.denied_cidrs,
-                        network.existing_desktop_sets(config.nft_table),
+                        network.existing_dns_sets(config.nft_table),
                         config.host_limits,
                     )
                 )

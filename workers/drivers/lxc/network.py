@@ -10,7 +10,9 @@ the internet tried and failed to reach, live in a third table, ``<table>_dns``, 
 replaces, only completes: they would otherwise be forgotten whenever another desktop starts. Its
 forward chain runs first and marks the packets of a desktop to an address of its allowed set; the main
 table lets marked packets of a desktop without the internet through, once the networks no desktop
-reaches have been dropped.
+reaches have been dropped. Its input and forward chains also keep each desktop's share of what the
+host shares (its open connections, its DNS and ping rates): in the main table, every rewrite would start
+those counts again, and a tenant can have the rules rewritten at will (a desktop made or destroyed).
 
 Run as a module to create the bridge and an empty firewall (``image-build/host-setup.sh`` does)::
 
@@ -137,15 +139,6 @@ def render_ruleset(
     ports = ", ".join(str(p) for p in sorted(set(host_tcp_ports)))
     host_ports_rule = f"tcp dport {{ {ports} }} accept" if ports else ""
 
-    def over_rate(rate_set: str, per_second: int) -> str:
-        limit = f"limit rate over {per_second}/second burst {2 * per_second} packets"
-        return f"update @{rate_set} {{ ip saddr {limit} }}"
-
-    dns_limit = "meta l4proto { tcp, udp } ct original proto-dst 53 " + over_rate(
-        "dns_rate", limits.dns_per_second
-    )
-    ping_limit = "icmp type echo-request " + over_rate("ping_rate", limits.pings_per_second)
-    connection_limit = f"ct state new add @connections {{ ip saddr ct count over {limits.connections} }}"
     outside_ports_rule = f'iifname != "{bridge}" tcp dport {{ {ports} }} drop' if ports else ""
     # The leading "add table" makes the "delete table" valid when the table does not exist yet,
     # so the whole replacement is one transaction whatever the current state.
@@ -158,10 +151,6 @@ table inet {table} {{
     set egress_allow {{ type ipv4_addr . ipv4_addr; flags interval; {elements(egress)} }}
     set denied {{ type ipv4_addr; flags interval; {elements(denied)} }}
     map resolvers {{ type ipv4_addr : ipv4_addr . inet_service; {elements(resolvers)} }}
-    # Per desktop: its open connections, its DNS and ping rates.
-    set connections {{ type ipv4_addr; size 65535; flags dynamic; }}
-    set dns_rate {{ type ipv4_addr; size 65535; flags dynamic,timeout; timeout 1m; }}
-    set ping_rate {{ type ipv4_addr; size 65535; flags dynamic,timeout; timeout 1m; }}
 
     # Whatever resolver a desktop asks, its own answers.
     chain prerouting {{
@@ -177,10 +166,6 @@ table inet {table} {{
         iifname != "{bridge}" ip daddr {subnet} drop
         {outside_ports_rule}
         iifname != "{bridge}" accept
-        # Before the established flows' accept: a flood from one port pair is one flow.
-        {dns_limit} drop
-        {ping_limit} drop
-        {connection_limit} drop
         ct state established,related accept
         ip saddr != @desktops drop
         icmp type echo-request accept
@@ -197,7 +182,6 @@ table inet {table} {{
         oifname "{bridge}" drop
         iifname "{bridge}" meta nfproto ipv6 drop
         iifname "{bridge}" ip saddr != @desktops drop
-        iifname "{bridge}" {connection_limit} drop
         iifname "{bridge}" ip daddr @denied counter drop
         iifname "{bridge}" ip saddr @no_internet ip saddr . ip daddr @egress_allow accept
         iifname "{bridge}" ip saddr @no_internet meta mark & {mark} == {mark} accept
@@ -230,15 +214,44 @@ table bridge {table} {{
         iifname "{veth_prefix}*" oifname "{veth_prefix}*" drop
     }}
 }}
-{_render_dns_table(table, desktops, existing_sets)}"""
+{_render_dns_table(table, bridge, desktops, existing_sets, limits)}"""
 
 
-def _render_dns_table(table: str, desktops: list[DesktopRules], existing: tuple[str, ...]) -> str:
-    """The ``_dns`` table completed, never replaced: its sets keep what the resolvers put in them, and
-    what each desktop without the internet tried to reach and could not (per address, with a counter)."""
+# The ``_dns`` table's sets of every desktop's share of the host, by source address.
+SHARED_SETS = {
+    "connections": "type ipv4_addr; size 65535; flags dynamic;",
+    "dns_rate": "type ipv4_addr; size 65535; flags dynamic, timeout; timeout 1m;",
+    "ping_rate": "type ipv4_addr; size 65535; flags dynamic, timeout; timeout 1m;",
+}
+
+
+def _render_dns_table(
+    table: str, bridge: str, desktops: list[DesktopRules], existing: tuple[str, ...], limits: HostLimits
+) -> str:
+    """The ``_dns`` table completed, never replaced: its sets keep what the resolvers put in them, what
+    each desktop without the internet tried to reach and could not (per address, with a counter), and
+    each desktop's share of the host."""
     dns = f"{table}_dns"
     by_veth = {d.veth: d for d in desktops}
     lines = [f"add table inet {dns}"]
+    lines += [f"add set inet {dns} {name} {{ {spec} }}" for name, spec in SHARED_SETS.items()]
+
+    def over_rate(rate_set: str, per_second: int) -> str:
+        limit = f"limit rate over {per_second}/second burst {2 * per_second} packets"
+        return f"update @{rate_set} {{ ip saddr {limit} }} drop"
+
+    over = f"ct count over {limits.connections}"
+    connections = f'iifname "{bridge}" ct state new add @connections {{ ip saddr {over} }} drop'
+    # Before the main table's chains, where a flood from one port pair is one established flow.
+    lines += [
+        f"add chain inet {dns} input {{ type filter hook input priority filter - 1; policy accept; }}",
+        f"flush chain inet {dns} input",
+        f'add rule inet {dns} input iifname "{bridge}" meta l4proto {{ tcp, udp }} ct original proto-dst 53 '
+        + over_rate("dns_rate", limits.dns_per_second),
+        f'add rule inet {dns} input iifname "{bridge}" icmp type echo-request '
+        + over_rate("ping_rate", limits.pings_per_second),
+        f"add rule inet {dns} input {connections}",
+    ]
     for veth in sorted(by_veth):
         lines += [
             f"add set inet {dns} {allowed_set(veth)} "
@@ -249,6 +262,7 @@ def _render_dns_table(table: str, desktops: list[DesktopRules], existing: tuple[
     lines += [
         f"add chain inet {dns} forward {{ type filter hook forward priority filter - 1; policy accept; }}",
         f"flush chain inet {dns} forward",
+        f"add rule inet {dns} forward {connections}",
     ]
     mark = f"{ALLOWED_MARK:#010x}"
     for veth, d in sorted(by_veth.items()):
@@ -271,11 +285,11 @@ def _render_dns_table(table: str, desktops: list[DesktopRules], existing: tuple[
 
 
 def _set_names(veths) -> set[str]:
-    return {name for veth in veths for name in (allowed_set(veth), blocked_set(veth))}
+    return {name for veth in veths for name in (allowed_set(veth), blocked_set(veth))} | SHARED_SETS.keys()
 
 
-def existing_desktop_sets(table: str) -> tuple[str, ...]:
-    """The desktops' sets the ``_dns`` table holds now (none when it does not exist yet)."""
+def existing_dns_sets(table: str) -> tuple[str, ...]:
+    """The sets the ``_dns`` table holds now (none when it does not exist yet)."""
     listed = run(["nft", "-j", "list", "table", "inet", f"{table}_dns"])
     if listed.returncode != 0:
         return ()

@@ -14,6 +14,7 @@ from lebureau_sdk.config import NotConfigured
 from lebureau_sdk.errors import (
     AuthenticationError,
     ConflictError,
+    EmailUnconfirmedError,
     InvalidError,
     LeBureauError,
     NotFoundError,
@@ -32,6 +33,7 @@ __all__ = [
     "AuthenticationError",
     "Client",
     "ConflictError",
+    "EmailUnconfirmedError",
     "InvalidError",
     "LeBureauError",
     "NotConfigured",

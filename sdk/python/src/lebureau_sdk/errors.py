@@ -28,6 +28,10 @@ class PermissionDeniedError(LeBureauError):
     """403: a role below what this needs, or a read-only key that writes."""
 
 
+class EmailUnconfirmedError(PermissionDeniedError):
+    """403 email_unconfirmed: on a free tier, desktops run once an owner has confirmed their address."""
+
+
 class NotFoundError(LeBureauError):
     """404: no such thing, or not visible to this key."""
 
@@ -69,6 +73,7 @@ BY_CODE = {
     "not_authenticated": AuthenticationError,
     "authentication_failed": AuthenticationError,
     "permission_denied": PermissionDeniedError,
+    "email_unconfirmed": EmailUnconfirmedError,
     "not_found": NotFoundError,
     "conflict": ConflictError,
     "quota_exceeded": QuotaExceededError,
