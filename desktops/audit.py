@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
+import logging
+import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -118,12 +122,17 @@ def event_canonical(event) -> str:
 
 def event_digest(event) -> str:
     """HMAC-SHA256 of the event's canonical form, under a key the database does not hold."""
+    return _keyed(CHAIN_SALT, event_canonical(event))
+
+
+def _keyed(salt: str, message: str) -> str:
     key = settings.AUDIT_CHAIN_KEY or settings.SECRET_KEY
-    return salted_hmac(CHAIN_SALT, event_canonical(event), secret=key, algorithm="sha256").hexdigest()
+    return salted_hmac(salt, message, secret=key, algorithm="sha256").hexdigest()
 
 
-# Keeps the chain's HMAC apart from every other use of the same secret.
+# Keep the chain's HMACs, and the exported heads', apart from every other use of the same secret.
 CHAIN_SALT = "lebureau.audit.chain"
+HEAD_SALT = "lebureau.audit.head"
 
 
 def _locked_head() -> AuditChainHead:
@@ -148,6 +157,16 @@ def _checkpoint_signature(*, seq: int, hash: str) -> str:
         raise ImproperlyConfigured("AUDIT_CHECKPOINT_KEY is needed to sign or check audit checkpoints")
     message = f"{seq}:{hash}".encode()
     return hmac.new(settings.AUDIT_CHECKPOINT_KEY.encode(), message, hashlib.sha256).hexdigest()
+
+
+def _unsigned(checkpoint: AuditCheckpoint) -> ChainBreak | None:
+    """A break at the checkpoint, unless it carries this platform's signature."""
+    if hmac.compare_digest(
+        checkpoint.signature, _checkpoint_signature(seq=checkpoint.seq, hash=checkpoint.hash)
+    ):
+        return None
+    reason = _("the checkpoint at event #%(seq)d is not signed with this platform's key")
+    return ChainBreak(checkpoint.seq, reason % {"seq": checkpoint.seq})
 
 
 def audit_prune(*, now: datetime | None = None) -> int:
@@ -182,25 +201,128 @@ class ChainBreak:
 
 
 @dataclass(frozen=True)
+class ExportedHead:
+    """A line of AUDIT_HEAD_LOG: where the chain's head was when exported, signed under the chain's key."""
+
+    seq: int
+    hash: str
+    at: str
+    mac: str
+
+    def signed(self) -> bool:
+        return hmac.compare_digest(self.mac, _keyed(HEAD_SALT, f"{self.seq}:{self.hash}:{self.at}"))
+
+
+@dataclass(frozen=True)
 class ChainReport:
     checked: int
     broken: ChainBreak | None
+    # The newest head exported outside the database, once the chain was checked against it.
+    exported: ExportedHead | None = None
+
+
+log = logging.getLogger(__name__)
+
+
+def audit_head_export() -> bool:
+    """Append the chain's head to AUDIT_HEAD_LOG if it moved since the last line; True if a line was written.
+
+    The copy lies where the database's role cannot reach, so that cutting the chain's newest events and
+    moving the head back shows at the next verification. A head that no longer contains the last one
+    exported is never written: that would bless the cut.
+    """
+    if not settings.AUDIT_HEAD_LOG:
+        return False
+    path = Path(settings.AUDIT_HEAD_LOG)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+b") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)  # one exporter at a time reads the last line and appends
+        head = AuditChainHead.objects.filter(pk=1).first()
+        if head is None or head.seq == 0:
+            return False
+        last = _last_exported(file)
+        if last is not None and (last.seq, last.hash) == (head.seq, head.hash):
+            return False
+        broken = _exported_break(last, head) if last is not None else None
+        if broken is not None:
+            log.error("audit head not exported: %s", broken.reason)
+            return False
+        at = timezone.now().isoformat(timespec="seconds")
+        line = {"seq": head.seq, "hash": head.hash, "at": at}
+        line["mac"] = _keyed(HEAD_SALT, f"{head.seq}:{head.hash}:{at}")
+        file.write(json.dumps(line).encode() + b"\n")
+        file.flush()
+        os.fsync(file.fileno())
+    return True
+
+
+def _last_exported(file) -> ExportedHead | None:
+    """The log's last line (its tail alone is read); a line that is not a head reads as an unsigned one."""
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(0, size - 4096))
+    lines = file.read().splitlines()
+    if not lines:
+        return None
+    try:
+        fields = json.loads(lines[-1])
+        return ExportedHead(seq=int(fields["seq"]), hash=fields["hash"], at=fields["at"], mac=fields["mac"])
+    except (ValueError, KeyError, TypeError):
+        return ExportedHead(seq=0, hash="", at="", mac="")
+
+
+def _exported_break(exported: ExportedHead, head: AuditChainHead) -> ChainBreak | None:
+    """Whether the chain still holds the exported head: not cut after it, not written again from below it."""
+    if not exported.signed():
+        reason = _("the last head in %(log)s is not signed with this platform's key")
+        return ChainBreak(exported.seq, reason % {"log": settings.AUDIT_HEAD_LOG})
+    facts = {"first": head.seq + 1, "last": exported.seq, "at": exported.at}
+    if exported.seq > head.seq:
+        reason = _(
+            "events #%(first)d to #%(last)d were cut: the head exported at %(at)s was at #%(last)d "
+            "(or the database was restored from a backup older than that)"
+        )
+        return ChainBreak(head.seq + 1, reason % facts)
+    # Pruned since, the exported event is vouched for by the first checkpoint at or after it, if signed.
+    covering = AuditCheckpoint.objects.filter(seq__gte=exported.seq).order_by("seq").first()
+    if covering is not None:
+        if (unsigned := _unsigned(covering)) is not None or covering.seq > exported.seq:
+            return unsigned
+        there = covering.hash
+    else:
+        there = AuditEvent.objects.filter(seq=exported.seq).values_list("hash", flat=True).first()
+    if there != exported.hash:
+        reason = _(
+            "event #%(last)d is not the one exported at %(at)s: the chain was cut there and written again"
+        )
+        return ChainBreak(exported.seq, reason % facts)
+    return None
+
+
+def _exported_head() -> ExportedHead | None:
+    if not settings.AUDIT_HEAD_LOG:
+        return None
+    try:
+        with open(settings.AUDIT_HEAD_LOG, "rb") as file:
+            return _last_exported(file)
+    except FileNotFoundError:
+        return None
 
 
 def audit_chain_verify() -> ChainReport:
-    """Walk the chain from its latest checkpoint (or its start) to its head; the first broken link."""
-    # The head first: events appended while the walk runs lie beyond it and are left for next time.
+    """Walk the chain from its latest checkpoint (or its start) to its head, then hold it against the head
+    last exported outside the database; the first broken link."""
+    # The exported head first, then the chain's: whatever is appended meanwhile lies beyond both.
+    exported = _exported_head()
     head = AuditChainHead.objects.filter(pk=1).first()
     checkpoint = AuditCheckpoint.objects.order_by("-seq").first()
     seq, hash = 0, ""
     if checkpoint is not None:
-        expected = _checkpoint_signature(seq=checkpoint.seq, hash=checkpoint.hash)
-        if not hmac.compare_digest(checkpoint.signature, expected):
-            reason = _("the checkpoint at event #%(seq)d is not signed with this platform's key")
-            return ChainReport(0, ChainBreak(checkpoint.seq, reason % {"seq": checkpoint.seq}))
+        if (unsigned := _unsigned(checkpoint)) is not None:
+            return ChainReport(0, unsigned)
         seq, hash = checkpoint.seq, checkpoint.hash
     if head is None:
-        if checkpoint is not None or AuditEvent.objects.exists():
+        if checkpoint is not None or exported is not None or AuditEvent.objects.exists():
             return ChainReport(0, ChainBreak(seq + 1, _("the chain's head is missing")))
         return ChainReport(0, None)
     checked = 0
@@ -226,4 +348,6 @@ def audit_chain_verify() -> ChainReport:
     if hash != head.hash:
         reason = _("event #%(seq)d is not the one the chain's head records") % {"seq": seq}
         return ChainReport(checked, ChainBreak(seq, reason))
-    return ChainReport(checked, None)
+    if exported is None:
+        return ChainReport(checked, None)
+    return ChainReport(checked, _exported_break(exported, head), exported)

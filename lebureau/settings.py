@@ -332,6 +332,18 @@ AUDIT_CHECKPOINT_KEY = env.str("AUDIT_CHECKPOINT_KEY", "")
 # (or SECRET_KEY, unset) makes the chain written before fail verification.
 AUDIT_CHAIN_KEY = env.str("AUDIT_CHAIN_KEY", "")
 AUDIT_PRUNE_INTERVAL = env.float("AUDIT_PRUNE_INTERVAL", 3600.0)
+# Beat copies the chain's head here every AUDIT_HEAD_EXPORT_INTERVAL seconds when it moved (a JSON line,
+# signed under the chain's key): outside the database, where its role cannot cut the chain's newest
+# events and move the head back unseen. Put it where the app's host cannot rewrite it either (a mount
+# from a log host, a file a shipper forwards); empty turns the export off.
+AUDIT_HEAD_LOG = env.str("AUDIT_HEAD_LOG", str(BASE_DIR / "var" / "audit-head.jsonl"))
+AUDIT_HEAD_EXPORT_INTERVAL = env.float("AUDIT_HEAD_EXPORT_INTERVAL", 60.0)
+if AUDIT_HEAD_LOG:
+    CELERY_BEAT_SCHEDULE["audit-head-export"] = {
+        "task": "workers.tasks.audit_head_export",
+        "schedule": AUDIT_HEAD_EXPORT_INTERVAL,
+        "options": {"expires": AUDIT_HEAD_EXPORT_INTERVAL},
+    }
 if AUDIT_RETENTION_DAYS:
     if not AUDIT_CHECKPOINT_KEY:
         raise ImproperlyConfigured("AUDIT_RETENTION_DAYS needs AUDIT_CHECKPOINT_KEY to sign what it prunes")

@@ -131,6 +131,12 @@ def _test_driver(settings, driver_dir):
     engine.cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def _audit_head_log(settings, tmp_path):
+    """Each test's audit chain starts afresh: so does the log its head is exported to."""
+    settings.AUDIT_HEAD_LOG = str(tmp_path / "audit-head.jsonl")
+
+
 @pytest.fixture
 def driver(driver_dir) -> DirectoryDriver:
     return engine(TEST_DRIVER)

@@ -270,3 +270,104 @@ def test_the_verdict_speaks_french(trail):
     _behind_the_back("DELETE FROM desktops_auditevent WHERE seq = 2")
     with translation.override("fr"):
         assert audit_chain_verify().broken.reason == "les événements n° 2 à n° 2 manquent"
+
+
+def _cut_after(seq: int) -> None:
+    """What the app's own role can do without the chain's key: delete the newest events and move the head
+    back onto the last one it keeps, so that the chain it leaves verifies as whole."""
+    kept = AuditEvent.objects.get(seq=seq)
+    _behind_the_back("DELETE FROM desktops_auditevent WHERE seq > %s", [seq])
+    _behind_the_back("UPDATE desktops_auditchainhead SET seq = %s, hash = %s", [seq, kept.hash])
+
+
+def _exported_lines(settings) -> list[dict]:
+    with open(settings.AUDIT_HEAD_LOG) as log:
+        return [json.loads(line) for line in log]
+
+
+def test_cutting_the_newest_events_is_caught_by_the_head_exported_before(trail, settings):
+    assert tasks.audit_head_export() is True
+    exported_at = _exported_lines(settings)[-1]["at"]
+    assert _verify() == (
+        f"Audit chain intact: 5 events verified.\nIt holds the head exported at {exported_at} (event #5).\n"
+    )
+    _cut_after(3)
+    # The hole this closes: the chain left behind is whole, and without the exported head nothing shows.
+    exported_to, settings.AUDIT_HEAD_LOG = settings.AUDIT_HEAD_LOG, ""
+    assert _verify() == "Audit chain intact: 3 events verified.\n"
+    settings.AUDIT_HEAD_LOG = exported_to
+    assert _verify() == (
+        "broken: Audit chain broken at event #4: events #4 to #5 were cut: the head exported at "
+        f"{exported_at} was at #5 (or the database was restored from a backup older than that) "
+        "(3 events verified before it)."
+    )
+    # Events written since fill the gap with others: the exported one is still missed, and the exporter
+    # never writes a head that would bless the cut.
+    for i in range(3):
+        audit_record(actor=SYSTEM, action="test.after", n=i)
+    assert tasks.audit_head_export() is False
+    assert len(_exported_lines(settings)) == 1
+    assert _verify() == (
+        f"broken: Audit chain broken at event #5: event #5 is not the one exported at {exported_at}: "
+        "the chain was cut there and written again (6 events verified before it)."
+    )
+
+
+def test_wiping_the_whole_trail_is_caught(trail):
+    tasks.audit_head_export()
+    _behind_the_back("DELETE FROM desktops_auditevent")
+    _behind_the_back("DELETE FROM desktops_auditchainhead")
+    assert "Audit chain broken at event #1: the chain's head is missing" in _verify()
+
+
+def test_a_head_written_into_the_log_without_the_key_is_caught(trail, settings):
+    tasks.audit_head_export()
+    _cut_after(3)
+    # Whoever can also write the log appends a head that matches the cut chain, but cannot sign it.
+    with open(settings.AUDIT_HEAD_LOG, "a") as log:
+        kept = AuditEvent.objects.get(seq=3)
+        log.write(
+            json.dumps({"seq": 3, "hash": kept.hash, "at": "2026-12-04T00:00:00+00:00", "mac": "0" * 64})
+            + "\n"
+        )
+    assert (
+        f"Audit chain broken at event #3: the last head in {settings.AUDIT_HEAD_LOG} is not signed with this "
+        "platform's key" in _verify()
+    )
+    with open(settings.AUDIT_HEAD_LOG, "a") as log:
+        log.write("not a head\n")
+    assert "is not signed with this platform's key" in _verify()
+
+
+def test_the_head_is_exported_only_when_it_moved_and_pruning_keeps_it_verifiable(
+    trail, settings, checkpoint_key
+):
+    assert [tasks.audit_head_export(), tasks.audit_head_export()] == [True, False]
+    audit_record(actor=SYSTEM, action="test.after")
+    assert tasks.audit_head_export() is True
+    assert [(line["seq"], line["hash"]) for line in _exported_lines(settings)] == [
+        (5, trail[-1].hash),
+        (6, AuditEvent.objects.get(seq=6).hash),
+    ]
+    assert os.stat(settings.AUDIT_HEAD_LOG).st_mode & 0o777 == 0o600
+    # Everything exported pruned behind a checkpoint: the checkpoint vouches for it.
+    audit_prune(now=trail[-1].at + timedelta(days=3650))
+    assert audit_chain_verify().broken is None
+    assert tasks.audit_head_export() is True
+
+
+def test_beat_exports_the_head_unless_told_not_to():
+    def scheduled(**env):
+        script = (
+            "from django.conf import settings; print('audit-head-export' in settings.CELERY_BEAT_SCHEDULE)"
+        )
+        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "lebureau.settings", **env}
+        return subprocess.run(
+            [sys.executable, "-c", f"import django; django.setup(); {script}"],
+            env=environment,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    assert scheduled() == "True\n"
+    assert scheduled(AUDIT_HEAD_LOG="") == "False\n"

@@ -268,6 +268,12 @@ def audit_prune() -> int:
     return audit.audit_prune()
 
 
+@shared_task(name="workers.tasks.audit_head_export", acks_late=True, soft_time_limit=60)
+def audit_head_export() -> bool:
+    """Beat, when AUDIT_HEAD_LOG is set: copy the audit chain's head outside the database."""
+    return audit.audit_head_export()
+
+
 # Notifications (e-mails, webhooks, an approval's screenshot) have a queue of their own, so that what a
 # desktop or a tenant's receiver sets off never waits in front of anyone's lifecycle steps; and one
 # workspace has at most NOTIFY_TASKS_PER_WORKSPACE of them under way at once, so that it cannot take

@@ -7,7 +7,7 @@ from desktops.audit import audit_chain_verify
 class Command(BaseCommand):
     help = (
         "Check the audit trail's hash chain from its latest signed checkpoint (or its first event) to its "
-        "head; exit 1 naming the first broken link."
+        "head, and against the head last exported to AUDIT_HEAD_LOG; exit 1 naming the first broken link."
     )
 
     def handle(self, **options):
@@ -18,3 +18,8 @@ class Command(BaseCommand):
                 % {"seq": report.broken.seq, "reason": report.broken.reason, "checked": report.checked}
             )
         self.stdout.write(_("Audit chain intact: %(checked)d events verified.") % {"checked": report.checked})
+        if report.exported is not None:
+            self.stdout.write(
+                _("It holds the head exported at %(at)s (event #%(seq)d).")
+                % {"at": report.exported.at, "seq": report.exported.seq}
+            )
