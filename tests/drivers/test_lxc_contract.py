@@ -29,7 +29,7 @@ from tests.drivers.contract import DriverContract
 from tests.support.internet import ALLOWED, BLOCKED, FOREIGN_RESOLVER, HOST_SIDE, INSIDE, NEVER, UPSTREAM
 from tests.support.rfb import wait_for_a_drawn_screen
 from workers.drivers.base import DriverError, InstanceSpec, InstanceState, NetworkPolicy
-from workers.drivers.lxc import LxcConfig, LxcDriver, network, resolver
+from workers.drivers.lxc import LxcConfig, LxcDriver, cgroups, network, resolver
 
 IMAGES_DIR = Path(os.environ.get("LEBUREAU_IMAGES_DIR", "/var/lib/lebureau/images"))
 TEST_ROOT = Path("/var/lib/lebureau/test")
@@ -807,6 +807,50 @@ def test_a_desktop_cannot_fill_the_hosts_connection_table_nor_flood_its_dns_and_
     # At most the burst (twice the rate) and the rate for the 2 to 3 s of the flood.
     assert 0 < got["dns"] <= 2 * limits.dns_per_second + 3 * limits.dns_per_second, got
     assert 0 < got["pings"] <= 2 * limits.pings_per_second + 3 * limits.pings_per_second, got
+
+
+HOLD_TCP_LOOKUPS = r"""
+import socket, sys, time
+held = [socket.create_connection((sys.argv[1], 53), timeout=5) for _ in range(30)]
+print("held", len(held), flush=True)
+time.sleep(20)
+"""
+
+
+def test_a_desktops_resolver_takes_no_more_of_the_host_than_its_own_limits(lxc_driver, desktops, client_key):
+    """Its resolver is a host process: it ran outside every cgroup, so what a desktop made it do (each
+    TCP look-up it holds open is a process of its own) counted against the host alone."""
+    spec, status = desktops(network_policy=ALLOW_LISTED)
+    directory = lxc_driver.store.dir(spec.key)
+    group = resolver.cgroup_of(directory)
+    with ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(
+            ssh, status.private_ip, client_key, f"python3 - {GATEWAY}", "root", 60, HOLD_TCP_LOOKUPS
+        )
+        deadline = time.monotonic() + 30
+        while len(processes := _resolver_processes(directory)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(processes) > 1, "the resolver forked no child for the look-ups held open"
+        for pid in processes:
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            for controller in ("memory", "cpu", "pids"):
+                assert f":{controller}:/{group}\n" in cgroup, (pid, cgroup)
+        holding.result()
+    root = Path("/sys/fs/cgroup")
+    assert (
+        int((root / "memory" / group / "memory.limit_in_bytes").read_text()) == resolver.LIMITS.memory_bytes
+    )
+    assert int((root / "cpu" / group / "cpu.cfs_quota_us").read_text()) == 10_000  # a tenth of a core
+    assert int((root / "pids" / group / "pids.max").read_text()) == resolver.LIMITS.pids
+    memory, _ = cgroups.usage(group)
+    assert 0 < memory <= resolver.LIMITS.memory_bytes
+    lxc_driver.stop(spec.key)
+    assert not (root / "memory" / group).exists() and not (root / "pids" / group).exists()
+
+
+def _resolver_processes(directory: Path) -> list[int]:
+    """A desktop's resolver and the children it forked (with its command line)."""
+    return [pid for pid, conf in resolver._resolvers().items() if conf == directory / resolver.CONF]
 
 
 SPOOFER = r"""

@@ -44,7 +44,7 @@ from workers.drivers.base import (
     guest_hostname,
     no_progress,
 )
-from workers.drivers.lxc import guest_files, network, resolver, storage
+from workers.drivers.lxc import cgroups, guest_files, network, resolver, storage
 from workers.drivers.lxc.config import LxcConfig
 from workers.drivers.lxc.container import Lxc, is_ours, render_config, wait_ready, write_config
 from workers.drivers.lxc.state import NETWORK_LOCK, DesktopStore, checked_key
@@ -185,17 +185,8 @@ class LxcDriver(ComputeDriver):
 
     def usage(self, key: str) -> InstanceUsage | None:
         """From the container's cgroup (v1 or v2): memory in use and CPU time since it started."""
-        name = self.store.container(checked_key(key))
-        v1_memory = Path(f"/sys/fs/cgroup/memory/lxc.payload.{name}/memory.usage_in_bytes")
-        v1_cpu = Path(f"/sys/fs/cgroup/cpuacct/lxc.payload.{name}/cpuacct.usage")
-        v2 = Path(f"/sys/fs/cgroup/lxc.payload.{name}")
-        try:
-            if v1_memory.exists():
-                return InstanceUsage(int(v1_memory.read_text()), int(v1_cpu.read_text()) / 1e9)
-            stat = dict(line.split() for line in (v2 / "cpu.stat").read_text().splitlines())
-            return InstanceUsage(int((v2 / "memory.current").read_text()), int(stat["usage_usec"]) / 1e6)
-        except (OSError, KeyError, ValueError):
-            return None  # stopped, or gone between the check and the read
+        found = cgroups.usage(f"lxc.payload.{self.store.container(checked_key(key))}")
+        return None if found is None else InstanceUsage(*found)
 
     def blocked_egress(self, key: str) -> BlockedEgress | None:
         """From its resolver's log (names) and its set of refused addresses (with counts of packets)."""

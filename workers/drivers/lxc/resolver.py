@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from workers.drivers.base import DriverError
+from workers.drivers.lxc import cgroups
 from workers.drivers.lxc.network import run
 
 CONF, PID, LOG = "resolver.conf", "resolver.pid", "resolver.log"
@@ -28,6 +29,11 @@ _REFUSED = re.compile(r"query\[A\] (\S+) from \S+\n[^\n]*: config \1 is NXDOMAIN
 # What a desktop is told its answers are good for, at most: it looks names up again that often. The
 # resolver keeps no cache, so each answer puts its addresses back in the allowed set if they had left it.
 MAX_TTL = 60
+# A resolver runs on the host, so in a cgroup of its own per desktop (not the container's, which LXC
+# removes when the desktop stops): however a desktop makes it work, it takes no more of the host than
+# this. Its look-ups are rate-limited before they reach it (``network``); dnsmasq keeps no cache here
+# and forks at most 20 children for TCP look-ups.
+LIMITS = cgroups.Limits(memory_bytes=32 * 1024 * 1024, cpu_fraction=0.1, pids=32)
 
 
 def render_conf(
@@ -78,18 +84,30 @@ def ensure(directory: Path, conf: str) -> None:
     for pid, other in _resolvers().items():
         if other.parent.parent == directory.parent and not other.exists():
             _kill(pid)
+            cgroups.remove(cgroup_of(other.parent))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(conf)
     tmp.replace(path)
     result = run(["dnsmasq", f"--conf-file={path}"], timeout=30)
     if result.returncode != 0:
         raise DriverError(f"the desktop's resolver did not start: {result.stderr.strip()}")
+    # Moved once it has forked into the background (the children it forks later follow it there).
+    group = cgroup_of(directory)
+    cgroups.create(group, LIMITS)
+    for pid, other in _resolvers().items():
+        if other == path:
+            cgroups.add(group, pid)
+
+
+def cgroup_of(directory: Path) -> str:
+    return f"lebureau.resolver.{directory.name}"
 
 
 def stop(directory: Path) -> None:
     for pid, conf in _resolvers().items():
         if conf == directory / CONF:
             _kill(pid)
+    cgroups.remove(cgroup_of(directory))
 
 
 def _kill(pid: int) -> None:
