@@ -51,7 +51,9 @@ def desktop_exec(
             fields={"timeout": [_("Out of range.")]},
         )
     if desktop.state != DesktopState.RUNNING:
-        raise Conflict(_("The desktop is %(state)s: start it first.") % {"state": desktop.state})
+        raise Conflict(
+            _("The desktop is %(state)s: start it first.") % {"state": desktop.get_state_display()}
+        )
     # The program, not the whole line: arguments may carry secrets, as chat messages may.
     program = command.split(maxsplit=1)[0][:100]
     audit_record(

@@ -115,7 +115,8 @@ def _desktop_for_files(*, actor: Actor, desktop_id: str) -> Desktop:
     workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
     if desktop.state != DesktopState.RUNNING or not desktop.private_ip:
         raise Conflict(
-            _("The desktop is %(state)s: files move in and out of a running one.") % {"state": desktop.state}
+            _("The desktop is %(state)s: files move in and out of a running one.")
+            % {"state": desktop.get_state_display()}
         )
     return desktop
 

@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from desktops.ids import PublicIdField
 
@@ -135,17 +136,18 @@ class Plan(models.Model):
 
 
 class DesktopState(models.TextChoices):
-    PROVISIONING = "provisioning"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    STARTING = "starting"
-    SUSPENDING = "suspending"
-    SUSPENDED = "suspended"
-    RESUMING = "resuming"
-    DESTROYING = "destroying"
-    DESTROYED = "destroyed"
-    ERROR = "error"
+    # The API says the value; a page says the label, in the reader's language.
+    PROVISIONING = "provisioning", pgettext_lazy("desktop state", "provisioning")
+    RUNNING = "running", pgettext_lazy("desktop state", "running")
+    STOPPING = "stopping", pgettext_lazy("desktop state", "stopping")
+    STOPPED = "stopped", pgettext_lazy("desktop state", "stopped")
+    STARTING = "starting", pgettext_lazy("desktop state", "starting")
+    SUSPENDING = "suspending", pgettext_lazy("desktop state", "suspending")
+    SUSPENDED = "suspended", pgettext_lazy("desktop state", "suspended")
+    RESUMING = "resuming", pgettext_lazy("desktop state", "resuming")
+    DESTROYING = "destroying", pgettext_lazy("desktop state", "destroying")
+    DESTROYED = "destroyed", pgettext_lazy("desktop state", "destroyed")
+    ERROR = "error", pgettext_lazy("desktop state", "error")
 
 
 class Desktop(models.Model):
@@ -206,8 +208,8 @@ class DesktopEvent(models.Model):
 
     id = PublicIdField("evt")
     desktop = models.ForeignKey(Desktop, on_delete=models.CASCADE, related_name="events")
-    from_state = models.CharField(max_length=20, blank=True)
-    to_state = models.CharField(max_length=20)
+    from_state = models.CharField(max_length=20, blank=True, choices=DesktopState.choices)
+    to_state = models.CharField(max_length=20, choices=DesktopState.choices)
     actor = models.CharField(max_length=200)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -179,7 +179,9 @@ def relay_grant_recheck(grant: RelayGrant) -> str:
     if role is None or role.rank < needed_role(desktop, grant.mode).rank:
         raise RelayDenied(4403, _("You no longer have access to this desktop."))
     if desktop.state != DesktopState.RUNNING or not desktop.private_ip:
-        raise RelayDenied(4409, _("The desktop is %(state)s, not running.") % {"state": desktop.state})
+        raise RelayDenied(
+            4409, _("The desktop is %(state)s, not running.") % {"state": desktop.get_state_display()}
+        )
     return desktop.private_ip
 
 

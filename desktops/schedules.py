@@ -193,7 +193,9 @@ def schedule_fire(*, run_id: str) -> str:
             return _send(run, actor, desktop)
         if timezone.now() - run.created_at > START_WAIT:
             return _fail(
-                run, _("The desktop did not come up in time (it is %(state)s).") % {"state": desktop.state}
+                run,
+                _("The desktop did not come up in time (it is %(state)s).")
+                % {"state": desktop.get_state_display()},
             )
         step = {S.STOPPED: "start", S.ERROR: "start", S.SUSPENDED: "resume"}.get(desktop.state)
         if step and run.status == Run.STARTING:
@@ -205,7 +207,7 @@ def schedule_fire(*, run_id: str) -> str:
                     desktop_act(actor=actor, desktop=desktop, action=step)
             return WAITING
         if desktop.state in (S.DESTROYING, S.DESTROYED):
-            return _fail(run, _("The desktop is %(state)s.") % {"state": desktop.state})
+            return _fail(run, _("The desktop is %(state)s.") % {"state": desktop.get_state_display()})
         return WAITING  # provisioning, starting, resuming, stopping, suspending: it settles first
     except DomainError as exc:
         return _fail(run, exc.message)

@@ -436,7 +436,9 @@ class RfbScreen:
 
 def _running(desktop: Desktop) -> None:
     if desktop.state != DesktopState.RUNNING or not desktop.private_ip:
-        raise Conflict(_("The desktop is %(state)s: start it first.") % {"state": desktop.state})
+        raise Conflict(
+            _("The desktop is %(state)s: start it first.") % {"state": desktop.get_state_display()}
+        )
 
 
 class _Session:

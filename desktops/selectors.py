@@ -258,6 +258,11 @@ def desktop_events(*, desktop: Desktop) -> QuerySet[DesktopEvent]:
     return desktop.events.order_by("created_at")
 
 
+def desktop_destruction(*, desktop: Desktop) -> DesktopEvent | None:
+    """The step that started a destroyed desktop's destruction: who asked for it (its actor), and when."""
+    return desktop.events.filter(to_state=DesktopState.DESTROYING).order_by("-created_at").first()
+
+
 def api_key_list(*, actor: Actor, workspace_id: str | None = None) -> QuerySet[ApiKey]:
     keys = ApiKey.objects.filter(workspace__in=_managed_workspaces(actor), revoked_at__isnull=True)
     return keys.filter(workspace_id=workspace_id) if workspace_id else keys.select_related("created_by")

@@ -369,6 +369,15 @@ def desktop(request, desktop_id, schedule_form=None):
     actor, found = _desktop_of(request, desktop_id)
     request.actor, request.workspace = actor, found.workspace
     request.role = selectors.role_in(actor=actor, workspace_id=found.workspace_id)
+    events = selectors.desktop_events(desktop=found).order_by("-created_at")[:200]
+    costs = costs_of_desktop(actor=actor, desktop_id=found.id, month=this_month())
+    if found.state == DesktopState.DESTROYED:
+        # Nothing left to watch or act on: what happened to it, and what it cost.
+        destruction = selectors.desktop_destruction(desktop=found)
+        by = _person_of(destruction.actor) if destruction else ""
+        return page(
+            request, "missioncontrol/desktop_destroyed.html", desktop=found, events=events, costs=costs, by=by
+        )
     return page(
         request,
         "missioncontrol/desktop.html",
@@ -378,9 +387,9 @@ def desktop(request, desktop_id, schedule_form=None):
             (action, label, sorted(TRANSITIONS[action].sources)) for action, label in forms.LIFECYCLE_ACTIONS
         ],
         can_control=request.role.rank >= Role(found.workspace.control_role).rank,
-        events=selectors.desktop_events(desktop=found).order_by("-created_at")[:200],
+        events=events,
         usage=desktop_resource_usage(found),
-        costs=costs_of_desktop(actor=actor, desktop_id=found.id, month=this_month()),
+        costs=costs,
         agent_usage=agent_usage_of_desktop(found),
         schedules=_schedules_of(found),
         schedule_form=schedule_form or forms.ScheduleForm(),
@@ -392,6 +401,14 @@ def desktop(request, desktop_id, schedule_form=None):
         egress_form=forms.DesktopEgressForm(initial=_egress_initial(request, policy, inherit=True)),
         watchers=desktop_watchers(desktop=found),
     )
+
+
+def _person_of(actor: str) -> str:
+    """Who an actor's label names: a person's address (theirs, or that of their API key), else the label."""
+    if key := Actor.key_of(actor):
+        return key[1]
+    kind, _sep, who = actor.partition(":")
+    return who if kind in ("user", "support") else actor
 
 
 def _egress_initial(request, policy, *, inherit: bool = False) -> dict:

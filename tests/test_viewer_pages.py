@@ -2,8 +2,11 @@
 
 import pytest
 from django.test import Client
+from django.utils import timezone, translation
+from django.utils.formats import date_format
 
-from desktops.audit import Actor
+from desktops.audit import SYSTEM, Actor
+from desktops.lifecycle import transition
 from desktops.models import AuditEvent, DesktopState, Role
 from desktops.relays import Kind, desktop_watchers, relay_closed, relay_ticket_claim, relay_tickets_mint
 from tests.factories import DesktopFactory
@@ -112,3 +115,63 @@ def test_files_in_the_viewer_are_for_those_who_may_take_control(members, running
         HTTP_X_CSRFTOKEN=browser.cookies["csrftoken"].value,
     )
     assert refused.status_code == 409 and "stopped" in refused.json()["error"]["message"]
+
+
+FRENCH = {"HTTP_ACCEPT_LANGUAGE": "fr-FR,fr;q=0.9"}
+
+
+def test_states_read_in_the_pages_language_while_the_api_keeps_their_values(client, members, workspace, plan):
+    """State names were English on French pages, even inside French sentences ("Le bureau est stopped")."""
+    stopped = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="arrete")
+    client.force_login(members[Role.MEMBER].user)
+    page = client.get(f"/desktops/{stopped.id}/", **FRENCH).content.decode()
+    assert 'id="state" data-state="stopped">arrêté</span>' in page
+    listed = client.get(f"/w/{workspace.id}/desktops/", **FRENCH).content.decode()
+    assert 'data-state="stopped">arrêté</span>' in listed
+    assert '<option value="suspended">suspendu</option>' in listed  # the state filter
+    # What the page's script shows when a state changes comes from the same catalogue.
+    catalogue = client.get("/jsi18n/", **FRENCH).content.decode()
+    assert '"desktop state\\u0004suspending": "en suspension"' in catalogue
+    # The API's values stay the same in every language; its sentences speak the reader's.
+    assert client.get(f"/api/desktops/{stopped.id}", **FRENCH).json()["state"] == "stopped"
+    refused = client.post(
+        f"/api/desktops/{stopped.id}/exec", {"command": "true"}, content_type="application/json", **FRENCH
+    )
+    assert refused.status_code == 409
+    assert refused.json()["error"]["message"] == "Le bureau est arrêté : démarrez-le d'abord."
+
+
+def test_a_destroyed_desktops_page_says_when_and_by_whom_and_offers_nothing_to_do(
+    client, members, workspace, plan
+):
+    """It showed the whole viewer, its buttons and a screen said to come back when it runs again."""
+    owner = members[Role.OWNER]
+    gone = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="fini")
+    transition(
+        desktop_id=gone.id, sources={"running"}, target="destroying", actor=Actor(user=owner.user), reason=""
+    )
+    transition(desktop_id=gone.id, sources={"destroying"}, target="destroyed", actor=SYSTEM)
+    gone.refresh_from_db()
+    client.force_login(members[Role.MEMBER].user)
+    page = client.get(f"/desktops/{gone.id}/", **FRENCH).content.decode()
+    with translation.override("fr"):
+        at = date_format(timezone.localtime(gone.state_changed_at), "DATETIME_FORMAT")
+    assert f"Détruit le {at} par {owner.user.email}." in page
+    assert "il ne peut plus démarrer" in page
+    for control in ('id="lifecycle"', "data-action=", 'id="screen"', 'id="chat-form"', 'id="mode-control"'):
+        assert control not in page, control
+    assert "viewer.js" not in page
+    assert page.count("<li><strong>") == 2 and "<strong>détruit</strong>" in page  # its timeline stays
+    # An outsider still learns nothing of it.
+    client.force_login(members["outsider"].user)
+    assert client.get(f"/desktops/{gone.id}/").status_code == 404
+
+
+def test_a_suspended_desktop_asks_to_be_resumed_not_started(client, members, workspace, plan):
+    suspended = DesktopFactory(workspace=workspace, state=DesktopState.SUSPENDED)
+    client.force_login(members[Role.MEMBER].user)
+    page = client.get(f"/desktops/{suspended.id}/", **FRENCH).content.decode()
+    assert "Le bureau est suspendu : reprenez-le pour envoyer des messages" in page
+    assert "démarrez-le" not in page
+    assert 'data-action="resume" data-when="suspended">' in page
+    assert 'data-action="start" data-when="error stopped" hidden>' in page

@@ -186,9 +186,11 @@ def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, widt
         expect(page.locator("h1")).to_have_text("Bureaux")
         expect(page.locator("#fleet-summary")).to_contain_text("ce mois-ci jusqu'à présent")
         expect(page.locator("#live")).to_have_text("en direct", timeout=10000)
+        expect(page.locator('[data-field="state"]')).to_have_text("arrêté")
         screenshot(page, f"fr-desktops-{width}")
         page.goto(f"{site}/desktops/{desktop.id}/")
         expect(page.locator("#not-running")).to_contain_text("Le bureau n'est pas en marche")
+        expect(page.locator("#state")).to_have_text("arrêté")  # the state too, in French
         expect(page.locator("[data-action=start]")).to_have_text("Démarrer")
         expect(page.locator("#chat-log")).to_contain_text("Aucun message pour l'instant.")
         expect(page.locator("#screen-status")).to_contain_text("reviennent quand il tourne de nouveau")

@@ -188,7 +188,7 @@ def test_the_desktops_lifecycle_from_its_viewer(page, site, lxc_api, workspace):
     expect(page.locator("#not-running")).to_be_visible()
     for control in blocked:
         expect(page.locator(control)).to_be_disabled()
-        expect(page.locator(control)).to_have_attribute("title", re.compile("not running"))
+        expect(page.locator(control)).to_have_attribute("title", re.compile("suspended: resume it"))
     expect(lifecycle.locator("[data-action=suspend]")).to_be_hidden()
     screenshot(page, "viewer-09-suspended")
 

@@ -2,6 +2,7 @@
 // Its words come from Django's JavaScript catalogue (gettext, ngettext, interpolate), loaded before it.
 import { confirmDestroy } from "./destroy_dialog.js";
 import { onOpen, reloader, workspaceEvents } from "./events.js";
+import { showState } from "./states.js";
 
 const table = document.getElementById("desktops-table");
 const workspace = table.dataset.workspace;
@@ -39,9 +40,7 @@ function reloadSoon() {
 function apply(event) {
   const row = rows.querySelector(`tr[data-desktop="${event.desktop_id}"]`);
   if (!row) return reloadRows();
-  const badge = row.querySelector('[data-field="state"]');
-  badge.textContent = event.state;
-  badge.className = `badge ${event.state}`;
+  showState(row.querySelector('[data-field="state"]'), event.state);
   setText(row, "progress", TRANSIENT.has(event.state) && event.progress ? `${event.progress}…` : "");
   setText(row, "last_error", event.state === "error" ? event.last_error : "");
   setText(row, "private_ip", event.private_ip || "—");

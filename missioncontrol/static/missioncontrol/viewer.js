@@ -7,6 +7,7 @@ import { Terminal } from "../vendor/xterm/xterm.mjs";
 import { FitAddon } from "../vendor/xterm/addon-fit.mjs";
 import { confirmDestroy } from "./destroy_dialog.js";
 import { onOpen, reloader, workspaceEvents } from "./events.js";
+import { showState, stateLabel } from "./states.js";
 
 const root = document.getElementById("viewer");
 const desktopId = root.dataset.desktop;
@@ -61,10 +62,12 @@ const needRunning = () => [
 ];
 
 function applyState(state) {
-  stateBadge.textContent = state;
-  stateBadge.className = `badge ${state}`;
+  showState(stateBadge, state);
   const running = state === "running";
   notRunning.hidden = running;
+  notRunning.textContent = ["suspending", "suspended"].includes(state)
+    ? gettext("The desktop is suspended: resume it to send messages, take control or paste.")
+    : gettext("The desktop is not running: start it to send messages, take control or paste.");
   for (const el of needRunning()) {
     el.disabled = !running || (el === controlButton && !canControl);
     if (el.tagName === "BUTTON") el.title = running ? (el === controlButton ? controlTitle : "") : notRunning.textContent;
@@ -192,7 +195,7 @@ async function connect() {
   if (state !== "running") {
     const message = interpolate(
       gettext("The desktop is %(state)s. The screen and terminal come back when it runs again."),
-      { state },
+      { state: stateLabel(state) },
       true,
     );
     show(screenStatus, message);
@@ -281,7 +284,7 @@ const filesUrl = (path) => `/api/desktops/${desktopId}/files?path=${encodeURICom
 // Why files cannot move now, or "" when they can.
 function filesBlocked() {
   if (!canControl) return document.getElementById("mode-control").title;
-  if (stateBadge.textContent !== "running") return notRunning.textContent;
+  if (stateBadge.dataset.state !== "running") return notRunning.textContent;
   if (mode !== "control") return gettext("Take control to move files in and out of the desktop.");
   return "";
 }
@@ -456,7 +459,7 @@ screenPane.addEventListener("drop", (event) => {
   uploadAll([...event.dataTransfer.files].filter((file) => !names.has(file.name)));
 });
 
-applyState(stateBadge.textContent.trim());
+applyState(stateBadge.dataset.state);
 
 // The chat: the stored conversation, then answers streamed live as the agent writes them
 // (the workspace's event stream carries each new piece with its place in the answer).
@@ -597,9 +600,10 @@ chatStream.addEventListener("chat", (message) => applyChat(JSON.parse(message.da
 chatStream.addEventListener("desktop", (message) => {
   const event = JSON.parse(message.data);
   if (event.desktop_id !== desktopId) return;
-  const was = stateBadge.textContent;
+  const was = stateBadge.dataset.state;
   applyState(event.state);
-  if (event.state === "running" && was !== "running") connect(); // back: no need to wait for the next look
+  // Back: no need to wait for the next look; gone: the overlays say what it is now, not what it was.
+  if (event.state !== was) connect();
 });
 chatStream.addEventListener("watchers", (message) => {
   if (JSON.parse(message.data).desktop_id === desktopId) loadWatchers();
