@@ -23,8 +23,11 @@ class AgentFailure:
     fix: str
 
 
+# The raw error of a turn that was never started, its workspace having no key (`chat_send`).
+NO_LLM_KEY = "The workspace has no LLM key: the turn was not started."
 # (kind, pattern over the raw error): the first that matches says what happened.
 PATTERNS = [
+    ("llm_key_missing", re.compile(re.escape(NO_LLM_KEY))),
     (
         "llm_key_missing",
         re.compile(r"No route-compatible authentication source is configured for (?P<p>[\w-]+)"),

@@ -34,6 +34,8 @@ def default_approval_commands() -> list[str]:
 # `openclaw agent --local` per message spends ~15 s starting Node.js). `--message=` so that a
 # message starting with "-" is still taken as the message.
 DEFAULT_AGENT_COMMAND = "bureau openclaw --session={session} --message={message}"
+# The image profile without that runtime: a screen and a terminal only.
+MINIMAL_PROFILE = "minimal"
 
 
 class Workspace(models.Model):

@@ -15,6 +15,8 @@ from django.utils.translation import gettext as _
 from desktops.audit import Actor
 from desktops.errors import Forbidden, Invalid, NotFound
 from desktops.models import (
+    DEFAULT_AGENT_COMMAND,
+    MINIMAL_PROFILE,
     ApiKey,
     ApiScope,
     AuditEvent,
@@ -256,6 +258,16 @@ def desktop_get(*, actor: Actor, desktop_id: str, minimum: Role = Role.VIEWER) -
 
 def desktop_events(*, desktop: Desktop) -> QuerySet[DesktopEvent]:
     return desktop.events.order_by("created_at")
+
+
+def agent_key_missing(*, desktop: Desktop) -> bool:
+    """Whether the desktop's agent is the platform's own (in an image that has it) while its workspace holds
+    no model key: a turn could only fail, so the person is told at once what to do instead."""
+    return (
+        desktop.workspace.agent_command == DEFAULT_AGENT_COMMAND
+        and desktop.image_profile != MINIMAL_PROFILE
+        and not LLMKey.objects.filter(workspace_id=desktop.workspace_id).exists()
+    )
 
 
 def desktop_destruction(*, desktop: Desktop) -> DesktopEvent | None:

@@ -16,6 +16,7 @@ from django.utils.translation import gettext as _
 from billing.quotas import quota_check_action, quota_check_create
 from billing.services import subscription_start
 from desktops import crypto
+from desktops.agent_failures import NO_LLM_KEY
 from desktops.audit import Actor, audit_record
 from desktops.egress import egress_preset_create, workspace_egress_apply
 from desktops.engines import engine_for_new_desktops, engine_instance_for_new_desktops
@@ -40,6 +41,7 @@ from desktops.models import (
 )
 from desktops.queue import CHAT_DELIVER, LLM_KEY_CHECK, WORKSPACE_AGENT_CONFIGURE, enqueue, enqueue_step
 from desktops.selectors import (
+    agent_key_missing,
     invitation_token,
     invitations_for,
     invitations_sent_since,
@@ -442,12 +444,20 @@ def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
     """
     workspace_for_control(actor=actor, workspace_id=desktop.workspace_id)
     message = chat_message_checked(message)
+    # A turn that could only fail fails at once, saying what to do, rather than after the agent's start.
+    reply_fields = {"status": ChatMessage.Status.QUEUED}
+    if no_key := agent_key_missing(desktop=desktop):
+        reply_fields = {
+            "status": ChatMessage.Status.ERROR,
+            "content": NO_LLM_KEY,
+            "completed_at": timezone.now(),
+        }
     with transaction.atomic():
         sent = ChatMessage.objects.create(
             desktop=desktop, author=ChatMessage.Author.OPERATOR, content=message, created_by=actor.user
         )
         reply = ChatMessage.objects.create(
-            desktop=desktop, author=ChatMessage.Author.AGENT, status=ChatMessage.Status.QUEUED, reply_to=sent
+            desktop=desktop, author=ChatMessage.Author.AGENT, reply_to=sent, **reply_fields
         )
         # The words stay in the conversation, not in the audit trail: they may hold anything.
         audit_record(
@@ -457,7 +467,8 @@ def chat_send(*, actor: Actor, desktop: Desktop, message: str) -> ChatMessage:
             target=desktop.id,
             length=len(message),
         )
-        enqueue(CHAT_DELIVER, desktop_id=desktop.id)
+        if not no_key:
+            enqueue(CHAT_DELIVER, desktop_id=desktop.id)
     return reply
 
 

@@ -400,6 +400,7 @@ def desktop(request, desktop_id, schedule_form=None):
         blocked=desktop_blocked_egress(found),
         egress_form=forms.DesktopEgressForm(initial=_egress_initial(request, policy, inherit=True)),
         watchers=desktop_watchers(desktop=found),
+        agent_key_missing=selectors.agent_key_missing(desktop=found),
     )
 
 

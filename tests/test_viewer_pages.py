@@ -7,7 +7,7 @@ from django.utils.formats import date_format
 
 from desktops.audit import SYSTEM, Actor
 from desktops.lifecycle import transition
-from desktops.models import AuditEvent, DesktopState, Role
+from desktops.models import AuditEvent, ChatMessage, DesktopState, LLMKey, Role
 from desktops.relays import Kind, desktop_watchers, relay_closed, relay_ticket_claim, relay_tickets_mint
 from tests.factories import DesktopFactory
 
@@ -175,3 +175,41 @@ def test_a_suspended_desktop_asks_to_be_resumed_not_started(client, members, wor
     assert "démarrez-le" not in page
     assert 'data-action="resume" data-when="suspended">' in page
     assert 'data-action="start" data-when="error stopped" hidden>' in page
+
+
+def test_with_no_llm_key_the_chat_says_what_to_do_before_and_after_sending(client, members, workspace, plan):
+    """The chat said "L'agent travaille…" and nothing told a newcomer that the agent needs a key first."""
+    full = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, image_profile="full")
+    client.force_login(members[Role.ADMIN].user)
+    page = client.get(f"/desktops/{full.id}/", **FRENCH).content.decode()
+    assert "L'agent répond une fois que l'espace de travail a une clé LLM" in page
+    assert f'<a href="/w/{workspace.id}/settings/#llm-keys">Ajouter une clé LLM</a>' in page
+    client.force_login(members[Role.MEMBER].user)
+    page = client.get(f"/desktops/{full.id}/", **FRENCH).content.decode()
+    assert "Demandez à un administrateur de l'espace de travail d'en ajouter une." in page
+    sent = client.post(
+        f"/api/desktops/{full.id}/chat",
+        {"message": "Range le bureau"},
+        content_type="application/json",
+        **FRENCH,
+    )
+    assert sent.status_code == 202, sent.content
+    assert sent.json()["status"] == "error"
+    assert sent.json()["failure"] == {
+        "kind": "llm_key_missing",
+        "message": "Aucune clé LLM pour le fournisseur du modèle dans cet espace de travail : ajoutez-en une "
+        "dans les Réglages.",
+        "fixUrl": f"/w/{workspace.id}/settings/",
+    }
+    reply = ChatMessage.objects.get(id=sent.json()["id"])
+    assert reply.completed_at is not None
+    assert reply.reply_to.content == "Range le bureau"  # kept, to send again
+    # With a key, or with an agent of the workspace's own, the notice goes and turns are queued.
+    LLMKey.objects.create(
+        workspace=workspace, provider="anthropic", name="k", secret_encrypted="-", last4="1234"
+    )
+    assert 'id="no-llm-key"' not in client.get(f"/desktops/{full.id}/").content.decode()
+    queued = client.post(
+        f"/api/desktops/{full.id}/chat", {"message": "Encore"}, content_type="application/json"
+    )
+    assert ChatMessage.objects.get(id=queued.json()["id"]).status == ChatMessage.Status.QUEUED
