@@ -10,7 +10,7 @@ from desktops.ids import PublicIdField
 
 hostname_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
-    "Use 1 to 63 lowercase letters, digits or hyphens, not starting or ending with a hyphen.",
+    _("Use 1 to 63 lowercase letters, digits or hyphens, not starting or ending with a hyphen."),
 )
 
 
@@ -193,7 +193,7 @@ class Desktop(models.Model):
                 fields=["workspace", "name"],
                 condition=~Q(state=DesktopState.DESTROYED),
                 name="desktop_name_unique_in_workspace",
-                violation_error_message="A desktop with this name already exists in the workspace.",
+                violation_error_message=_("A desktop with this name already exists in the workspace."),
             )
         ]
         indexes = [

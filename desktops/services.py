@@ -83,7 +83,7 @@ def workspace_ensure_for_user(*, user) -> Workspace | None:
     if Membership.objects.filter(user=user).exists():
         return None
     label = (user.email or user.get_username()).split("@")[0]
-    return workspace_create(user=user, name=f"{label}'s workspace")
+    return workspace_create(user=user, name=_("%(name)s's workspace") % {"name": label})
 
 
 def workspace_rename(*, actor: Actor, workspace_id: str, name: str) -> Workspace:
@@ -187,7 +187,7 @@ def _role_grantable(actor: Actor, workspace: Workspace, role: str) -> Role:
             f"Unknown role {role!r}.", fields={"role": [f"Choose one of {', '.join(Role.values)}."]}
         )
     if role == Role.OWNER and role_in(actor=actor, workspace_id=workspace.id) != Role.OWNER:
-        raise Invalid("Only an owner can make someone owner.", fields={"role": ["Not allowed."]})
+        raise Invalid(_("Only an owner can make someone owner."), fields={"role": [_("Not allowed.")]})
     return Role(role)
 
 
@@ -394,7 +394,7 @@ def desktop_create(
             enqueue_step(desktop_id=desktop.id, action="provision")
     except IntegrityError as exc:
         # Lost a race with another create of the same name.
-        raise Conflict("A desktop with this name already exists in the workspace.") from exc
+        raise Conflict(_("A desktop with this name already exists in the workspace.")) from exc
     return desktop
 
 
@@ -481,7 +481,9 @@ def api_key_create(
     """Create a platform key; the token is returned this once and never stored."""
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     if expires_at is not None and expires_at <= timezone.now():
-        raise Invalid("The expiry must be in the future.", fields={"expiresAt": ["Must be in the future."]})
+        raise Invalid(
+            _("The expiry must be in the future."), fields={"expiresAt": [_("Must be in the future.")]}
+        )
     token, prefix = crypto.api_token_new()
     key = ApiKey(
         workspace=workspace,
@@ -523,11 +525,15 @@ def llm_key_save(
     workspace = workspace_get(actor=actor, workspace_id=workspace_id, minimum=Role.ADMIN)
     secret = secret.strip()
     if len(secret) < 8:
-        raise Invalid("The key looks too short to be real.", fields={"secret": ["At least 8 characters."]})
+        raise Invalid(
+            _("The key looks too short to be real."), fields={"secret": [_("At least 8 characters.")]}
+        )
     if provider == LLMProvider.OPENAI_COMPATIBLE and not base_url:
-        raise Invalid("An OpenAI-compatible key needs its baseUrl.", fields={"baseUrl": ["Required."]})
+        raise Invalid(_("An OpenAI-compatible key needs its baseUrl."), fields={"baseUrl": [_("Required.")]})
     if provider == LLMProvider.OPENAI_COMPATIBLE and not model:
-        raise Invalid("An OpenAI-compatible key needs the model to use.", fields={"model": ["Required."]})
+        raise Invalid(
+            _("An OpenAI-compatible key needs the model to use."), fields={"model": [_("Required.")]}
+        )
     key = key or LLMKey(workspace=workspace, created_by=actor.user)
     rotating = key.pk is not None and not key._state.adding
     key.provider, key.name, key.base_url, key.model = provider, name, base_url, model

@@ -357,7 +357,8 @@ def fleet_action(request):
         attempt(
             request,
             lambda d=desktop: services.desktop_act(actor=request.actor, desktop=d, action=action),
-            f"{desktop.name}: {action} requested.",
+            _("%(name)s: “%(action)s” asked.")
+            % {"name": desktop.name, "action": dict(forms.ACTIONS)[action]},
         )
     return redirect("desktops", request.workspace.id)
 
@@ -421,10 +422,21 @@ def _egress_initial(request, policy, *, inherit: bool = False) -> dict:
     }
 
 
+def _errors_in_words(form) -> list[str]:
+    """Each field's errors after its label, in the page's language; the form's own errors alone."""
+    return [
+        " ".join(errors)
+        if field == "__all__"
+        else _("%(field)s: %(errors)s")
+        % {"field": form.fields[field].label or field, "errors": " ".join(errors)}
+        for field, errors in form.errors.items()
+    ]
+
+
 def _egress_post(request, form, save, success: str) -> None:
     if not form.is_valid():
-        for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
+        for text in _errors_in_words(form):
+            messages.error(request, text)
     elif attempt(request, save, success):
         return
     request.session["egress_draft"] = {
@@ -720,10 +732,8 @@ def _settings_post(form_class, apply, success, shown_as=""):
             response = settings_page(request, workspace_id=request.workspace.id, **{shown_as: form})
             response.status_code = 400
             return response
-        for field, errors in form.errors.items():
-            messages.error(
-                request, f"{field}: {' '.join(errors)}" if field != "__all__" else " ".join(errors)
-            )
+        for text in _errors_in_words(form):
+            messages.error(request, text)
         return redirect("settings", request.workspace.id)
 
     return view
@@ -776,7 +786,7 @@ def workspace_egress(request):
 workspace_rename = _settings_post(
     forms.RenameForm,
     lambda r, d: services.workspace_rename(actor=r.actor, workspace_id=r.workspace.id, name=d["name"]),
-    "Workspace renamed.",
+    _lazy("Workspace renamed."),
     shown_as="rename_form",
 )
 alert_thresholds_set = _settings_post(
@@ -793,7 +803,7 @@ agent_command_set = _settings_post(
     lambda r, d: services.workspace_agent_command_set(
         actor=r.actor, workspace_id=r.workspace.id, command=d["command"]
     ),
-    "Agent command saved.",
+    _lazy("Agent command saved."),
 )
 member_invite = _settings_post(
     forms.InviteForm,
@@ -809,7 +819,10 @@ member_role = _settings_post(
     _lazy("Role changed."),
 )
 api_key_new = _settings_post(
-    forms.ApiKeyForm, _new_api_key, "API key created: copy it now, it is shown once.", shown_as="api_key_form"
+    forms.ApiKeyForm,
+    _new_api_key,
+    _lazy("API key created: copy it now, it is shown once."),
+    shown_as="api_key_form",
 )
 llm_key_new = _settings_post(
     forms.LLMKeyForm,
@@ -835,7 +848,7 @@ llm_key_rotate = _settings_post(
         model=key.model,
         secret=d["secret"],
     ),
-    "LLM key rotated.",
+    _lazy("LLM key rotated."),
 )
 
 
@@ -875,7 +888,7 @@ model_price_delete = _settings_delete(
 )
 llm_key_delete = _settings_delete(
     lambda r, i: services.llm_key_delete(actor=r.actor, workspace_id=r.workspace.id, key_id=i),
-    "LLM key removed.",
+    _lazy("LLM key removed."),
 )
 
 

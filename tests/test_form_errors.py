@@ -7,7 +7,7 @@ import re
 import pytest
 
 from desktops.models import DesktopState, Role
-from tests.factories import DesktopFactory
+from tests.factories import PASSWORD, DesktopFactory, UserFactory
 
 
 def beside(page: str, field_id: str) -> str:
@@ -90,3 +90,41 @@ def test_a_schedule_comes_back_on_its_tab_with_what_is_wrong_beside_it(client, m
         follow=True,
     ).content.decode()
     assert 'class="toast error"' in refused and not desktop.schedules.exists()
+
+
+FRENCH = {"HTTP_ACCEPT_LANGUAGE": "fr-FR,fr;q=0.9"}
+
+
+def test_what_is_refused_and_what_is_done_is_said_in_french(client, admin, workspace, plan):
+    """Form errors and several banners were English on French pages, from strings never marked."""
+    bad = client.post(
+        f"/w/{workspace.id}/desktops/new/",
+        {"name": "Bad Name", "plan": plan.id, "image_profile": "minimal"},
+        **FRENCH,
+    ).content.decode()
+    assert beside(bad, "newcomputerform-name").startswith("Utilisez 1 à 63 lettres minuscules")
+    DesktopFactory(workspace=workspace, name="pris", state=DesktopState.RUNNING)
+    taken = client.post(
+        f"/w/{workspace.id}/desktops/new/",
+        {"name": "pris", "plan": plan.id, "image_profile": "minimal"},
+        **FRENCH,
+    ).content.decode()
+    assert "Un bureau de ce nom existe déjà dans l&#x27;espace de travail." in taken
+    key = client.post(
+        f"/w/{workspace.id}/keys/new/", {"name": "ci", "scope": "write"}, follow=True, **FRENCH
+    ).content.decode()
+    assert "Clé d&#x27;API créée : copiez-la maintenant, elle ne sera plus affichée." in key
+    stopped = DesktopFactory(workspace=workspace, name="alpha", state=DesktopState.STOPPED)
+    acted = client.post(
+        f"/w/{workspace.id}/desktops/actions/",
+        {"action": "start", "desktops": [stopped.id]},
+        follow=True,
+        **FRENCH,
+    ).content.decode()
+    assert "alpha : « Démarrer » demandé." in acted
+
+
+def test_a_newcomers_workspace_is_named_in_their_language(client, db):
+    newcomer = UserFactory(email="camille@example.com")
+    client.post("/accounts/login/", {"login": newcomer.email, "password": PASSWORD}, follow=True, **FRENCH)
+    assert newcomer.memberships.get().workspace.name == "Espace de travail de camille"

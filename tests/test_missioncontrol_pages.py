@@ -94,7 +94,7 @@ def test_fleet_actions_report_per_desktop_and_destroy_needs_the_names(client, me
     page = client.post(
         url, {"action": "stop", "desktops": [running.id, stopped.id]}, follow=True
     ).content.decode()
-    assert f"{running.name}: stop requested" in page and "Cannot stop a desktop that is stopped" in page
+    assert f"{running.name}: “Stop” asked." in page and "Cannot stop a desktop that is stopped" in page
     # A count, a name short, a name too many, another desktop's name: nothing goes.
     for typed in ("2", "beta", "beta gamma alpha", "gamma alpha", ""):
         page = client.post(
