@@ -21,6 +21,8 @@ class AgentFailure:
     message: str
     # Where to put it right: "settings" (the workspace's), or "" when nothing on our pages can.
     fix: str
+    # The raw error, where it tells more than the message (the provider's or the runtime's own words).
+    detail: str = ""
 
 
 # The raw error of a turn that was never started, its workspace having no key (`chat_send`).
@@ -57,6 +59,8 @@ PROVIDER_NAMES = {
     LLMProvider.OPENROUTER: "OpenRouter",
 }
 FIXED_IN_SETTINGS = {"llm_key_missing", "llm_key_rejected", "provider_limited", "no_runtime"}
+# Where the message says all there is (the rest is the platform's own words, in English).
+SAID_IN_FULL = {"llm_key_missing", "no_runtime", "desktop_not_running"}
 
 
 def _message(kind: str, provider: str) -> str:
@@ -95,4 +99,5 @@ def failure_of(raw: str) -> AgentFailure:
         if found := pattern.search(raw):
             kind, provider = candidate, found.groupdict().get("p") or ""
             break
-    return AgentFailure(kind, _message(kind, provider), "settings" if kind in FIXED_IN_SETTINGS else "")
+    fix = "settings" if kind in FIXED_IN_SETTINGS else ""
+    return AgentFailure(kind, _message(kind, provider), fix, "" if kind in SAID_IN_FULL else raw)

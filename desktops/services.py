@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import pgettext_lazy
 
 from billing.quotas import quota_check_action, quota_check_create
 from billing.services import subscription_start
@@ -414,11 +415,25 @@ def desktop_act(*, actor: Actor, desktop: Desktop, action: str) -> Desktop:
             desktop_id=desktop.id, sources=step.sources, target=step.via, actor=actor, reason=action
         ):
             desktop.refresh_from_db(fields=["state"])
-            allowed = ", ".join(sorted(step.sources)) if len(step.sources) < 4 else "any state but destroying"
-            raise Conflict(f"Cannot {action} a desktop that is {desktop.state} (allowed from: {allowed}).")
+            labels = sorted(str(DesktopState(state).label) for state in step.sources)
+            allowed = ", ".join(labels) if len(labels) < 4 else _("any state but destroying")
+            raise Conflict(
+                _("Cannot %(action)s a desktop that is %(state)s (allowed from: %(allowed)s).")
+                % {"action": ACTION_VERBS[action], "state": desktop.get_state_display(), "allowed": allowed}
+            )
         enqueue_step(desktop_id=desktop.id, action=action)
     desktop.refresh_from_db()
     return desktop
+
+
+# What a lifecycle action is called inside a sentence ("Cannot stop a desktop that is …").
+ACTION_VERBS = {
+    "start": pgettext_lazy("desktop action", "start"),
+    "stop": pgettext_lazy("desktop action", "stop"),
+    "suspend": pgettext_lazy("desktop action", "suspend"),
+    "resume": pgettext_lazy("desktop action", "resume"),
+    "destroy": pgettext_lazy("desktop action", "destroy"),
+}
 
 
 # Chat

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,8 +14,12 @@ from django import forms
 from django.template.base import Lexer, TokenType
 from django.utils.functional import Promise
 
-from desktops.models import Role
+from desktops import services
+from desktops.audit import SYSTEM, Actor
+from desktops.lifecycle import transition
+from desktops.models import DesktopState, Role
 from missioncontrol import forms as page_forms
+from tests.factories import DesktopFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALE = Path("locale") / "fr" / "LC_MESSAGES"
@@ -156,3 +161,97 @@ def test_the_forms_of_the_pages_name_their_fields_in_the_readers_language():
                     f"{form.__name__}.{name}: {text!r}" for text in read if not isinstance(text, Promise)
                 ]
     assert plain == [], f"form texts a person reads, not marked for translation: {plain}"
+
+
+# Words of English sentences that no French sentence holds.
+ENGLISH = re.compile(
+    r"\b(the|and|is|are|with|your|this|not|from|you|has|have|was|will|when|what|which|there|their|been|into"
+    r"|only|than|of|to|for|yet)\b",
+    re.I,
+)
+
+
+class _Read(HTMLParser):
+    """What a person reads on a page: its text, and the attributes shown or read aloud; not code."""
+
+    CODE = {"script", "style", "code", "pre"}
+
+    def __init__(self):
+        super().__init__()
+        self.read, self.code = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        self.code += tag in self.CODE
+        self.read += [
+            value for name, value in attrs if name in ("placeholder", "title", "aria-label", "alt") and value
+        ]
+
+    def handle_endtag(self, tag):
+        self.code -= tag in self.CODE
+
+    def handle_data(self, data):
+        if not self.code and data.strip():
+            self.read.append(" ".join(data.split()))
+
+
+def test_a_french_page_holds_no_english_sentence_whatever_wrote_it(client, members, workspace, plan):
+    """The catalogue tests see only what is marked: a service's or a view's sentence never marked reached
+    French pages in English. Here the pages are read as rendered, with what the services put on them."""
+    owner = members[Role.OWNER]
+    running = DesktopFactory(
+        workspace=workspace, state=DesktopState.RUNNING, name="bureau", image_profile="full"
+    )
+    stopped = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="arret")
+    gone = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="fini")
+    transition(desktop_id=gone.id, sources={"stopped"}, target="destroying", actor=Actor(user=owner.user))
+    transition(desktop_id=gone.id, sources={"destroying"}, target="destroyed", actor=SYSTEM)
+    services.chat_send(actor=Actor(user=owner.user), desktop=running, message="Range le bureau")
+    services.api_key_create(actor=Actor(user=owner.user), workspace_id=workspace.id, name="ci", scope="write")
+    client.force_login(owner.user)
+    french = {"HTTP_ACCEPT_LANGUAGE": "fr-FR,fr;q=0.9"}
+    # Pages as they come back after an act or a refusal, with their banners.
+    shown = {
+        "rename": client.post(
+            f"/w/{workspace.id}/settings/rename/", {"name": "atelier"}, follow=True, **french
+        ),
+        "fleet": client.post(
+            f"/w/{workspace.id}/desktops/actions/",
+            {"action": "stop", "desktops": [running.id, stopped.id]},
+            follow=True,
+            **french,
+        ),
+        "taken": client.post(
+            f"/w/{workspace.id}/desktops/new/",
+            {"name": "arret", "plan": plan.id, "image_profile": "minimal"},
+            **french,
+        ),
+    }
+    for url in (
+        f"/desktops/{running.id}/",
+        f"/desktops/{stopped.id}/",
+        f"/desktops/{gone.id}/",
+        f"/w/{workspace.id}/settings/",
+        f"/w/{workspace.id}/costs/",
+        f"/w/{workspace.id}/approvals/",
+        f"/w/{workspace.id}/alerts/",
+        f"/w/{workspace.id}/audit/",
+        f"/api/desktops/{running.id}/chat",
+        "/pricing/",
+    ):
+        shown[url] = client.get(url, **french)
+    english = {}
+    for name, response in shown.items():
+        assert response.status_code in (200, 400), (name, response.status_code)
+        if response["Content-Type"].startswith("application/json"):
+            read = [
+                m.get("failure", {}).get("message", "")
+                for m in response.json()["results"]
+                if m.get("failure")
+            ]
+        else:
+            parser = _Read()
+            parser.feed(response.content.decode())
+            read = parser.read
+        if found := [line for line in read if ENGLISH.search(line)]:
+            english[name] = found
+    assert english == {}, f"English on French pages: {english}"
