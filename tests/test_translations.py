@@ -255,3 +255,14 @@ def test_a_french_page_holds_no_english_sentence_whatever_wrote_it(client, membe
         if found := [line for line in read if ENGLISH.search(line)]:
             english[name] = found
     assert english == {}, f"English on French pages: {english}"
+
+
+def test_money_reads_one_way_on_a_page_in_each_language(client, members, workspace, plan):
+    """French pages wrote "€0,42" in their figures and "0,42 €" in their sentences."""
+    DesktopFactory(workspace=workspace, state=DesktopState.RUNNING)
+    client.force_login(members[Role.OWNER].user)
+    for url in (f"/w/{workspace.id}/desktops/", f"/w/{workspace.id}/costs/", "/pricing/"):
+        french = client.get(url, HTTP_ACCEPT_LANGUAGE="fr").content.decode()
+        assert re.search(r"\d,\d\d\u00a0€", french) and not re.search(r"€\s?\d", french), url
+        english = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
+        assert re.search(r"€\d+\.\d\d", english) and not re.search(r"\d\s?€", english), url
