@@ -200,6 +200,7 @@ def test_with_no_llm_key_the_chat_says_what_to_do_before_and_after_sending(clien
         "message": "Aucune clé LLM pour le fournisseur du modèle dans cet espace de travail : ajoutez-en une "
         "dans les Réglages.",
         "fixUrl": f"/w/{workspace.id}/settings/",
+        "detail": "",  # nothing the runtime said: it was never asked
     }
     reply = ChatMessage.objects.get(id=sent.json()["id"])
     assert reply.completed_at is not None

@@ -531,6 +531,9 @@ class AgentFailureSerializer(serializers.Serializer):
     kind = serializers.CharField(help_text="llm_key_missing, llm_key_rejected, provider_unreachable, …")
     message = serializers.CharField(help_text="What happened, in words, in the reader's language")
     fix_url = serializers.CharField(help_text="The page where it is put right; empty when none is")
+    detail = serializers.CharField(
+        help_text="The provider's or the agent runtime's own words, where they say more; else empty"
+    )
 
 
 class ChatMessageSerializer(serializers.ModelSerializer):
@@ -547,7 +550,12 @@ class ChatMessageSerializer(serializers.ModelSerializer):
         if failure is None:
             return None
         fix_url = reverse("settings", args=[message.desktop.workspace_id]) if failure.fix else ""
-        return {"kind": failure.kind, "message": failure.message, "fix_url": fix_url}
+        return {
+            "kind": failure.kind,
+            "message": failure.message,
+            "fix_url": fix_url,
+            "detail": failure.detail,
+        }
 
     class Meta:
         model = ChatMessage

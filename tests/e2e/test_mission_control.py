@@ -64,7 +64,7 @@ def test_sign_up_to_a_running_desktop_and_back(page, site, lxc_api):
     row = page.locator("tr", has_text="first-agent")
     row.locator("input[type=checkbox]").check()
     page.click("button[value=stop]")
-    expect(page.locator(".messages")).to_contain_text("first-agent: stop requested")
+    expect(page.locator(".messages")).to_contain_text("first-agent: “Stop” asked.")
     page.evaluate("window.__sameDocument = true")
     expect(row.locator("[data-field=state]")).to_have_text("stopped", timeout=30000)
     assert page.evaluate("window.__sameDocument") is True

@@ -45,6 +45,40 @@ def test_the_viewers_tabs_take_the_chats_place_and_enter_sends(page, site, works
     screenshot(page, "pages-01-chat-enter")
 
 
+def test_a_first_task_with_no_llm_key_says_what_to_do_and_is_sent_again_in_one_click(
+    browser, site, workspace, plan
+):
+    """A newcomer's first task: the chat said "L'agent travaille…" and nothing told them to add a key."""
+    desktop = DesktopFactory(
+        workspace=workspace, state=DesktopState.RUNNING, image_profile="full", name="premier"
+    )
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    context = browser.new_context(locale="fr-FR")
+    page = context.new_page()
+    try:
+        log_in(page, site, member.user.email)
+        page.goto(f"{site}/desktops/{desktop.id}/")
+        # Before sending: the chat says what the agent needs, and whom to ask.
+        expect(page.locator("#no-llm-key")).to_contain_text(
+            "L'agent répond une fois que l'espace de travail a une clé LLM"
+        )
+        page.fill("#chat-text", "Range le bureau")
+        page.click("#chat-form button")
+        # After: at once, the failure in words, the fix and sending again; no words of a runtime never run.
+        failed = page.locator("#chat-log li.agent.error")
+        expect(failed).to_contain_text("Aucune clé LLM", timeout=5000)
+        expect(failed.get_by_role("link", name="Ouvrir les Réglages")).to_be_visible()
+        expect(failed.locator("details")).to_have_count(0)
+        screenshot(page, "pages-00-first-task-no-key")
+        failed.get_by_role("button", name="Réessayer").click()
+        expect(failed).to_have_count(2)
+        assert list(
+            ChatMessage.objects.filter(desktop=desktop, author="operator").values_list("content", flat=True)
+        ) == ["Range le bureau", "Range le bureau"]
+    finally:
+        context.close()
+
+
 def test_a_comment_being_typed_survives_the_live_list_reloading(page, site, workspace, plan):
     desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="asking-desk")
     first = approvals.approval_request(desktop=desktop, title="Pousser la branche")
@@ -113,8 +147,8 @@ def test_destroying_asks_for_the_names_and_revoking_names_the_key(page, site, wo
     expect(typed).to_have_value("")
     typed.fill("alpha, gamma")
     confirm.click()
-    expect(page.locator(".messages")).to_contain_text("alpha: destroy requested")
-    expect(page.locator(".messages")).to_contain_text("gamma: destroy requested")
+    expect(page.locator(".messages")).to_contain_text("alpha: “Destroy” asked.")
+    expect(page.locator(".messages")).to_contain_text("gamma: “Destroy” asked.")
     # Destroying, or already destroyed where a worker of the suite runs meanwhile.
     states = {d.name: d.state.replace("destroyed", "destroying") for d in workspace.desktops.all()}
     assert states == {"alpha": "destroying", "beta": "stopped", "gamma": "destroying"}

@@ -507,9 +507,10 @@ function render(entry, status) {
   }
 }
 
-// A failed turn: what happened in words, the fix one click away, the runtime's own words folded.
+// A failed turn: what happened in words, the fix one click away, sending the message again one click
+// away too, the runtime's own words folded (where they say more).
 function renderFailure(entry) {
-  const { message, fixUrl } = entry.failure;
+  const { message, fixUrl, detail } = entry.failure;
   const words = document.createElement("p");
   words.className = "failure";
   words.textContent = message;
@@ -521,13 +522,50 @@ function renderFailure(entry) {
     fix.textContent = gettext("Open Settings");
     parts.push(fix);
   }
-  const detail = document.createElement("details");
-  const summary = document.createElement("summary");
-  summary.textContent = gettext("What the agent runtime said");
-  const raw = document.createElement("pre");
-  raw.textContent = entry.content;
-  detail.append(summary, raw);
-  entry.item.replaceChildren(...parts, detail);
+  const asked = shown.get(entry.replyTo);
+  if (canControl && asked) {
+    const retry = document.createElement("button");
+    retry.className = "retry";
+    retry.textContent = gettext("Retry");
+    retry.addEventListener("click", () => chatSend(asked.content, retry));
+    parts.push(retry);
+  }
+  if (detail) {
+    const folded = document.createElement("details");
+    const summary = document.createElement("summary");
+    summary.textContent = gettext("What the agent runtime said");
+    const raw = document.createElement("pre");
+    raw.textContent = detail;
+    folded.append(summary, raw);
+    parts.push(folded);
+  }
+  entry.item.replaceChildren(...parts);
+}
+
+// After a failed turn, the queue goes on with the next message: the failure says so where one waits.
+function noteWhatGoesOn(entries) {
+  entries.forEach((entry, i) => {
+    if (!entry.failure) return;
+    const next = entries.slice(i + 1).find((later) => later.item.classList.contains("pending"));
+    if (!next) return;
+    const note = entry.item.appendChild(document.createElement("p"));
+    note.className = "muted goes-on";
+    note.textContent = gettext("The next message in the queue went on to the agent all the same.");
+  });
+}
+
+async function chatSend(message, button) {
+  if (button) button.disabled = true;
+  try {
+    await api("/chat", { method: "POST", body: JSON.stringify({ message }) });
+    return true;
+  } catch (error) {
+    alert(error.message);
+    return false;
+  } finally {
+    if (button) button.disabled = false;
+    loadChat();
+  }
 }
 
 async function loadChat() {
@@ -538,16 +576,16 @@ async function loadChat() {
     const page = await api("/chat?pageSize=200&page=last");
     if (load !== loads) return;
     shown.clear();
-    chatLog.replaceChildren(
-      ...page.results.map((m) => {
-        const entry = { item: document.createElement("li"), content: m.content, failure: m.failure };
-        entry.item.className = m.author;
-        entry.item.dataset.message = m.id;
-        render(entry, m.status);
-        shown.set(m.id, entry);
-        return entry.item;
-      }),
-    );
+    const entries = page.results.map((m) => {
+      const entry = { item: document.createElement("li"), content: m.content, failure: m.failure, replyTo: m.replyTo };
+      entry.item.className = m.author;
+      entry.item.dataset.message = m.id;
+      shown.set(m.id, entry); // before rendering: a failed reply offers to send its message again
+      render(entry, m.status);
+      return entry;
+    });
+    noteWhatGoesOn(entries);
+    chatLog.replaceChildren(...entries.map((entry) => entry.item));
     if (!page.results.length) {
       const empty = document.createElement("li");
       empty.className = "muted";
@@ -625,13 +663,7 @@ if (chatForm) {
   chatForm.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = document.getElementById("chat-text");
-    try {
-      await api("/chat", { method: "POST", body: JSON.stringify({ message: text.value }) });
-      text.value = "";
-    } catch (error) {
-      alert(error.message);
-    }
-    loadChat();
+    if (await chatSend(text.value)) text.value = ""; // refused, what was typed stays to send again
   });
 }
 

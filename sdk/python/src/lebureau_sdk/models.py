@@ -148,6 +148,7 @@ class AgentFailure:
     kind: str
     message: str
     fix_url: str
+    detail: str  # the provider's or the runtime's own words, where they say more
 
 
 @dataclass(frozen=True, slots=True)
