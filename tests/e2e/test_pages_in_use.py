@@ -79,6 +79,24 @@ def test_a_first_task_with_no_llm_key_says_what_to_do_and_is_sent_again_in_one_c
         context.close()
 
 
+def test_after_a_failed_turn_the_chat_says_the_queue_went_on(page, site, workspace, plan):
+    """After a failure the next queued message started silently."""
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="file")
+    for text, status in (("Premier", ChatMessage.Status.ERROR), ("Second", ChatMessage.Status.QUEUED)):
+        asked = ChatMessage.objects.create(desktop=desktop, author="operator", content=text)
+        ChatMessage.objects.create(
+            desktop=desktop, author="agent", reply_to=asked, status=status, content="boom"
+        )
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    log_in(page, site, member.user.email)
+    page.goto(f"{site}/desktops/{desktop.id}/")
+    failed = page.locator("#chat-log li.agent.error")
+    expect(failed.locator(".goes-on")).to_have_text(
+        "The next message in the queue went on to the agent all the same."
+    )
+    expect(failed.locator("details")).to_contain_text("boom")  # the runtime's words, whatever they were
+
+
 def test_a_comment_being_typed_survives_the_live_list_reloading(page, site, workspace, plan):
     desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="asking-desk")
     first = approvals.approval_request(desktop=desktop, title="Pousser la branche")
