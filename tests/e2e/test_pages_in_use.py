@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from desktops import approvals
-from desktops.models import ApiKey, ChatMessage, DesktopState, Role
+from desktops.models import ApiKey, ChatMessage, DesktopState, LLMKey, Role
 from tests.e2e.conftest import log_in, screenshot
 from tests.factories import DesktopFactory, MembershipFactory, api_key_for
 
@@ -213,11 +213,30 @@ def test_a_filter_with_no_match_says_so(page, site, workspace, plan):
     expect(page.locator("#desktop-rows")).to_contain_text("alpha")
 
 
-@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
-def test_the_pages_fit_the_window(page, site, workspace, plan, width, height):
+# The cards whose content is wider than they are (so clipped, or reachable only by scrolling inside them).
+CLIPPED_CARDS = """[...document.querySelectorAll('.card, .grid2 > *')]
+  .filter((card) => card.scrollWidth > card.clientWidth + 1)
+  .map((card) => `${card.id || card.querySelector('h2')?.textContent || card.className}: `
+    + `${card.scrollWidth} > ${card.clientWidth}`)"""
+
+
+@pytest.mark.parametrize(("width", "height"), [(1440, 900), (1280, 800), (390, 844)])
+def test_the_pages_fit_the_window_and_no_card_clips_its_content(page, site, workspace, plan, width, height):
+    """On Settings the LLM keys card was squeezed into a column, its provider's answer and buttons clipped."""
     owner = MembershipFactory(workspace=workspace, role=Role.OWNER)
     DesktopFactory(workspace=workspace, name="a-desktop-with-a-rather-long-name")
     api_key_for(owner)
+    LLMKey.objects.create(
+        workspace=workspace,
+        provider="openai_compatible",
+        name="a-key-with-a-long-name",
+        base_url="https://llm.example.com/v1",
+        model="a-model-with-a-long-name",
+        secret_encrypted="-",
+        last4="1234",
+        verdict="unreachable",
+        check_detail="injoignable : connexion refusée par llm.example.com (port 443)",
+    )
     log_in(page, site, owner.user.email)
     page.set_viewport_size({"width": width, "height": height})
     for name, path in (("desktops", "desktops"), ("settings", "settings"), ("costs", "costs")):
@@ -225,6 +244,11 @@ def test_the_pages_fit_the_window(page, site, workspace, plan, width, height):
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         screenshot(page, f"pages-{name}-{width}")
         assert overflow <= 0, f"{name} is {overflow} px wider than a {width} px window"
+        assert page.evaluate(CLIPPED_CARDS) == [], f"{name} at {width} px"
+    # The key form's inputs are named on the page, not only by placeholders that typing hides.
+    page.goto(f"{site}/w/{workspace.id}/settings/")
+    for field in ("provider", "name", "base_url", "model", "secret"):
+        expect(page.locator(f"#llm-key-form label:has([name={field}])")).to_be_visible()
 
 
 @pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
