@@ -300,7 +300,7 @@ def desktop_new(request):
     form = forms.NewComputerForm(request.POST)
     if form.is_valid():
         try:
-            services.desktop_create(
+            created = services.desktop_create(
                 actor=request.actor,
                 workspace=request.workspace,
                 plan=form.cleaned_data["plan"],
@@ -313,7 +313,9 @@ def desktop_new(request):
             messages.error(request, exc.message)
         else:
             messages.success(
-                request, _("%(name)s is being provisioned.") % {"name": form.cleaned_data["name"]}
+                request,
+                _("%(name)s is being provisioned.") % {"name": created.name},
+                extra_tags=f"creating {created.id}",  # the list's script says what became of it
             )
             return redirect("desktops", request.workspace.id)
     # The form again as it was sent, its errors beside its fields: nothing typed is lost.

@@ -47,6 +47,8 @@ def test_sign_up_to_a_running_desktop_and_back(page, site, lxc_api):
     page.evaluate("window.__sameDocument = true")
     expect(row.locator("[data-field=state]")).to_have_text("running", timeout=60000)
     expect(row.locator("[data-field=private_ip]")).to_contain_text("10.215.0.")
+    # The banner of the creation says what became of it, no longer that it is under way.
+    expect(page.locator(".messages")).to_have_text("first-agent is running.")
     assert page.evaluate("window.__sameDocument") is True
     screenshot(page, "mc-04-running")
 

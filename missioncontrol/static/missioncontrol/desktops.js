@@ -10,6 +10,22 @@ const live = document.getElementById("live");
 const rows = document.getElementById("desktop-rows");
 const TRANSIENT = new Set(["provisioning", "starting", "stopping", "suspending", "resuming", "destroying"]);
 
+// The banner of a desktop just asked for ("… is being provisioned") says what became of it, once it did.
+function settleCreations() {
+  document.querySelectorAll(".messages li.creating").forEach((note) => {
+    const row = rows.querySelector(`tr[data-desktop="${[...note.classList].find((c) => c.startsWith("dsk_"))}"]`);
+    const state = row?.querySelector('[data-field="state"]').dataset.state;
+    const said = {
+      running: gettext("%(name)s is running."),
+      error: gettext("%(name)s could not be made: its row says why."),
+    }[state];
+    if (!said) return;
+    note.textContent = interpolate(said, { name: row.dataset.name }, true);
+    note.classList.remove("creating");
+    note.classList.toggle("error", state === "error");
+  });
+}
+
 function setText(row, field, text) {
   const el = row.querySelector(`[data-field="${field}"]`);
   if (el) el.textContent = text;
@@ -27,6 +43,7 @@ const reloadRows = reloader(
       document.getElementById(id).replaceWith(fresh.getElementById(id));
     }
     bindSelection();
+    settleCreations();
   },
 );
 
@@ -41,6 +58,7 @@ function apply(event) {
   const row = rows.querySelector(`tr[data-desktop="${event.desktop_id}"]`);
   if (!row) return reloadRows();
   showState(row.querySelector('[data-field="state"]'), event.state);
+  settleCreations();
   setText(row, "progress", TRANSIENT.has(event.state) && event.progress ? `${event.progress}…` : "");
   setText(row, "last_error", event.state === "error" ? event.last_error : "");
   setText(row, "private_ip", event.private_ip || "—");
@@ -129,4 +147,5 @@ fleet.addEventListener("submit", async (event) => {
 });
 
 bindSelection();
+settleCreations(); // one that ran before the page came
 connect();
