@@ -266,3 +266,11 @@ def test_money_reads_one_way_on_a_page_in_each_language(client, members, workspa
         assert re.search(r"\d,\d\d\u00a0€", french) and not re.search(r"€\s?\d", french), url
         english = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
         assert re.search(r"€\d+\.\d\d", english) and not re.search(r"\d\s?€", english), url
+
+
+def test_the_api_docs_page_has_a_way_back_in_the_readers_language(client, members):
+    """It was bare English Swagger, with no way back to Mission Control."""
+    client.force_login(members[Role.VIEWER].user)
+    page = client.get("/api/docs/", HTTP_ACCEPT_LANGUAGE="fr").content.decode()
+    assert '<a href="/">← Retour à Mission Control</a>' in page
+    assert 'id="swagger-ui"' in page

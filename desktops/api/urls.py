@@ -29,7 +29,11 @@ router.register("alerts", views.AlertViewSet, basename="alert")
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves its start-up script as a file: the pages' CSP allows no inline script.
-    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="docs"),
+    path(
+        "docs/",
+        SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="missioncontrol/api_docs.html"),
+        name="docs",
+    ),
     *router.urls,
     re_path(r"^", not_found),  # every other path, including ones with a line break
 ]
