@@ -263,6 +263,15 @@ def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, widt
         expect(page.locator("#fleet-summary")).to_contain_text("ce mois-ci jusqu'à présent")
         expect(page.locator("#live")).to_have_text("en direct", timeout=10000)
         expect(page.locator('[data-field="state"]')).to_have_text("arrêté")
+        # Opened, New Computer has one primary button: the seed's "Provisionner".
+        page.click("#new-computer summary")
+        primary = page.evaluate(
+            """[...document.querySelectorAll('#new-computer button, #new-computer summary')]
+              .filter((el) => getComputedStyle(el).backgroundColor === getComputedStyle(
+                document.querySelector('#new-computer button.primary')).backgroundColor)
+              .map((el) => el.textContent.trim())"""
+        )
+        assert primary == ["Provisionner"], primary
         screenshot(page, f"fr-desktops-{width}")
         page.goto(f"{site}/desktops/{desktop.id}/")
         expect(page.locator("#not-running")).to_contain_text("Le bureau n'est pas en marche")
