@@ -1,6 +1,9 @@
 """The viewer's page: who watches a desktop and who has control, for the workspace's members only."""
 
+from datetime import UTC, datetime
+
 import pytest
+import time_machine
 from django.test import Client
 from django.utils import timezone, translation
 from django.utils.formats import date_format
@@ -9,6 +12,7 @@ from desktops.audit import SYSTEM, Actor
 from desktops.lifecycle import transition
 from desktops.models import AuditEvent, ChatMessage, DesktopState, LLMKey, Role
 from desktops.relays import Kind, desktop_watchers, relay_closed, relay_ticket_claim, relay_tickets_mint
+from desktops.schedules import schedule_create
 from tests.factories import DesktopFactory
 
 
@@ -214,3 +218,19 @@ def test_with_no_llm_key_the_chat_says_what_to_do_before_and_after_sending(clien
         f"/api/desktops/{full.id}/chat", {"message": "Encore"}, content_type="application/json"
     )
     assert ChatMessage.objects.get(id=queued.json()["id"]).status == ChatMessage.Status.QUEUED
+
+
+def test_a_schedule_reads_in_its_own_time_zone(client, members, workspace, plan, running):
+    """A Europe/Paris schedule's next run was shown in UTC."""
+    owner = members[Role.OWNER]
+    with time_machine.travel(datetime(2026, 12, 4, 6, 0, tzinfo=UTC), tick=False):
+        schedule_create(
+            actor=Actor(user=owner.user),
+            desktop=running,
+            cron="0 9 * * *",
+            message="Bonjour",
+            tz="Europe/Paris",
+        )
+        client.force_login(owner.user)
+        page = client.get(f"/desktops/{running.id}/").content.decode()
+    assert "next 2026-12-04 09:00 CET" in page
