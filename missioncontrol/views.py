@@ -408,11 +408,18 @@ def desktop(request, desktop_id, schedule_form=None):
 
 
 def _person_of(actor: str) -> str:
-    """Who an actor's label names: a person's address (theirs, or that of their API key), else the label."""
+    """Who an actor's label names, as a reader says it: a person's address (theirs, or their API key's),
+    support staff as such, the platform's own work as the platform's."""
     if key := Actor.key_of(actor):
         return key[1]
     kind, _sep, who = actor.partition(":")
-    return who if kind in ("user", "support") else actor
+    if kind == "user":
+        return who
+    if kind == "support":
+        return _("%(who)s (support)") % {"who": who}
+    if kind == "system":
+        return _("Le Bureau (%(what)s)") % {"what": who}
+    return actor
 
 
 def _egress_initial(request, policy, *, inherit: bool = False) -> dict:
@@ -946,6 +953,7 @@ def audit(request):
         event.action_words = action_words(event.action)
         if key := Actor.key_of(event.actor):  # the person, and the key by its name
             event.actor_email, event.actor_key = key[1], names.get(key[0], key[0])
+        event.actor_name = _person_of(event.actor)
     return page(
         request,
         "missioncontrol/audit.html",

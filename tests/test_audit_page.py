@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from desktops import schedules, services
-from desktops.audit import Actor, audit_chain_verify
+from desktops.audit import SYSTEM, Actor, audit_chain_verify, audit_record
 from desktops.models import AuditEvent, DesktopState, LLMProvider, Role
 from missioncontrol.audit_actions import ACTIONS
 from tests.factories import DesktopFactory, MembershipFactory
@@ -161,3 +161,13 @@ def test_every_action_the_platform_records_reads_as_words():
     recorded |= {f"approval.{status}" for status in ("approved", "denied", "expired")}
     recorded |= {"workspace.egress", "desktop.egress"}  # through egress's one place that stores a policy
     assert len(recorded) > 50 and recorded - set(ACTIONS) == set()
+
+
+def test_actors_read_as_people_and_the_platform_not_as_labels(client, members, workspace, running):
+    """The audit page showed its actors as raw labels (user:alice@…, system:worker)."""
+    owner = members[Role.OWNER]
+    services.workspace_rename(actor=Actor(user=owner.user), workspace_id=workspace.id, name="Compta")
+    audit_record(actor=SYSTEM, action="desktop.running", workspace_id=workspace.id, target=running.id)
+    page = audit_page(client, members[Role.ADMIN])
+    assert f'<span title="user:{owner.user.email}">{owner.user.email}</span>' in page
+    assert '<span title="system:worker">Le Bureau (worker)</span>' in page
