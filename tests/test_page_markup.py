@@ -17,6 +17,8 @@ class Fields(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
+        if tag == "a" and not hasattr(self, "first_link"):
+            self.first_link = attrs
         if "id" in attrs:
             self.ids[attrs["id"]] += 1
         if tag == "label":
@@ -32,18 +34,20 @@ class Fields(HTMLParser):
             self.open_labels -= 1
 
 
-@pytest.mark.parametrize("page", ["desktops", "settings", "viewer", "costs", "audit"])
+@pytest.mark.parametrize("page", ["desktops", "settings", "viewer", "costs", "audit", "destroyed"])
 def test_ids_are_unique_and_every_field_is_named(client, members, workspace, plan, page):
     owner = members[Role.OWNER]
-    desktop = DesktopFactory(workspace=workspace)
+    desktop = DesktopFactory(workspace=workspace, state="destroyed" if page == "destroyed" else "running")
     api_key_for(owner)
     client.force_login(owner.user)
-    url = f"/desktops/{desktop.id}/" if page == "viewer" else f"/w/{workspace.id}/{page}/"
+    url = f"/desktops/{desktop.id}/" if page in ("viewer", "destroyed") else f"/w/{workspace.id}/{page}/"
     html = Fields()
     html.feed(client.get(url).content.decode())
     assert [i for i, n in html.ids.items() if n > 1] == []
     unnamed = [f for f in html.unnamed if f.get("id") not in html.labelled_for]
     assert unnamed == []
+    # The Tab key's first stop skips the header, to an element of the page.
+    assert html.first_link["class"] == "skip-link" and html.first_link["href"][1:] in html.ids
 
 
 def test_nobody_changes_or_removes_their_own_membership_by_a_slip(client, members, workspace):
@@ -92,5 +96,5 @@ def test_the_audit_log_names_desktops_and_finds_them_by_name(client, members, wo
     client.force_login(members[Role.ADMIN].user)
     page = client.get(f"/w/{workspace.id}/audit/?target=compta-agent").content.decode()
     assert f'<span title="{desktop.id}">compta-agent</span>' in page  # the name, its id on hover
-    assert "b@example.com" not in page and page.count("a@example.com") == 1  # one desktop.stop, no start
+    assert "b@example.com" not in page and page.count(">a@example.com</span>") == 1  # one stop, no start
     assert f"<code>{elsewhere.id}</code>" not in page
