@@ -251,6 +251,38 @@ def test_the_pages_fit_the_window_and_no_card_clips_its_content(page, site, work
         expect(page.locator(f"#llm-key-form label:has([name={field}])")).to_be_visible()
 
 
+def test_on_a_phone_the_links_fit_the_desktops_start_on_the_first_screen_and_the_chat_follows_the_screen(
+    browser, site, workspace, plan
+):
+    """At 390 by 844 px the header ran a tab off the edge, the rows began more than a screen down, and the
+    viewer was a black letterbox with the chat screens below."""
+    for i in range(3):
+        DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name=f"telephone-{i}")
+    member = MembershipFactory(workspace=workspace, role=Role.MEMBER)
+    context = browser.new_context(locale="fr-FR", viewport={"width": 390, "height": 844}, is_mobile=True)
+    page = context.new_page()
+    try:
+        log_in(page, site, member.user.email)
+        page.goto(f"{site}/w/{workspace.id}/desktops/")
+        off_the_edge = page.evaluate(
+            "[...document.querySelectorAll('header.top a, header.top button, header.top summary')]"
+            ".filter((el) => el.getBoundingClientRect().right > window.innerWidth)"
+            ".map((el) => el.textContent)"
+        )
+        assert off_the_edge == []
+        first_row = page.locator("#desktop-rows tr").first.bounding_box()
+        assert first_row["y"] < 844, f"the first desktop starts {first_row['y']:.0f} px down"
+        screenshot(page, "phone-01-desktops")
+        page.goto(f"{site}/desktops/{workspace.desktops.first().id}/")
+        expect(page.locator("#chat-text")).to_be_visible()
+        screen, chat = page.locator("#screen").bounding_box(), page.locator("#chat-text").bounding_box()
+        assert abs(screen["height"] - screen["width"] * 10 / 16) < 2, screen  # its proportions, full width
+        screenshot(page, "phone-02-viewer")
+        assert chat["y"] < 844, f"the chat starts {chat['y']:.0f} px down"
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
 def test_a_french_browser_gets_french_pages(browser, site, workspace, plan, width, height):
     desktop = DesktopFactory(workspace=workspace, state=DesktopState.STOPPED, name="bureau-fr")
