@@ -97,6 +97,25 @@ def test_after_a_failed_turn_the_chat_says_the_queue_went_on(page, site, workspa
     expect(failed.locator("details")).to_contain_text("boom")  # the runtime's words, whatever they were
 
 
+def test_the_landing_page_and_the_viewer_ask_for_nothing_that_is_not_there(page, site, workspace, plan):
+    """Both asked for an asset the site did not have (a 404 in the browser's console): a browser asks for
+    the site's icon at /favicon.ico unless the page names one, and none was named."""
+    missing = []
+    page.on("response", lambda response: response.status == 404 and missing.append(response.url))
+    page.goto(f"{site}/")
+    page.wait_for_load_state("networkidle")
+    icon = page.locator("link[rel=icon]").get_attribute("href")
+    assert page.request.get(f"{site}{icon}").ok
+    desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING)
+    log_in(page, site, MembershipFactory(workspace=workspace, role=Role.MEMBER).user.email)
+    page.goto(f"{site}/desktops/{desktop.id}/")
+    page.fill("#chat-text", "Bonjour")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chat-log li.operator")).to_have_text("Bonjour")
+    page.wait_for_load_state("networkidle")
+    assert missing == []
+
+
 def test_a_comment_being_typed_survives_the_live_list_reloading(page, site, workspace, plan):
     desktop = DesktopFactory(workspace=workspace, state=DesktopState.RUNNING, name="asking-desk")
     first = approvals.approval_request(desktop=desktop, title="Pousser la branche")
