@@ -274,3 +274,21 @@ def test_the_api_docs_page_has_a_way_back_in_the_readers_language(client, member
     page = client.get("/api/docs/", HTTP_ACCEPT_LANGUAGE="fr").content.decode()
     assert '<a href="/">← Retour à Mission Control</a>' in page
     assert 'id="swagger-ui"' in page
+
+
+# What French typography leaves alone: code and addresses (a header, a JSON field, a URL, a time).
+NOT_PROSE_PUNCTUATION = re.compile(
+    r"`[^`]*`|https?://\S+|\w+://|%\(\w+\)[sd]|\{\w+\}|\d+:\d+|\ball: true\b|X-LeBureau-Signature: sha256="
+)
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUES)
+def test_the_french_has_a_space_before_its_double_punctuation(catalogue):
+    """French writes "Réglages : …" and "Vraiment ?", where English glues the sign to the word."""
+    glued = [
+        text
+        for entry in entries(ROOT / LOCALE / catalogue)
+        for text in entry.translations
+        if re.search(r"[^\s«][:;?!](\s|$)", NOT_PROSE_PUNCTUATION.sub(" ", text))
+    ]
+    assert glued == []
