@@ -420,9 +420,13 @@ def test_the_agent_browses_and_runs_commands_on_the_screen_the_operator_watches(
 def windows_on(desktop) -> str:
     """The screen's windows, for what covers or replaced the page when it is not shown."""
     tree = run(
-        desktop, "DISPLAY=:0 xwininfo -root -children 2>&1 | head -40; pgrep -af chrom | head -5 || true"
+        desktop,
+        "DISPLAY=:0 xwininfo -root -tree 2>&1 | grep -v 'has no name.*1x1' | head -80; "
+        # The agent's browser's tabs, from its debugging port (where each is, and what it shows).
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:18800/json/list', "
+        'timeout=5).read().decode())" || true',
     )
-    return f"the page is not on the screen; its windows:\n{tree}"
+    return f"the page is not on the screen; its windows and its browser's tabs:\n{tree}"
 
 
 def shown(desktop, title: str) -> str:
