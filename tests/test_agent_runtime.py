@@ -422,9 +422,12 @@ def windows_on(desktop) -> str:
     tree = run(
         desktop,
         "DISPLAY=:0 xwininfo -root -tree 2>&1 | grep -v 'has no name.*1x1' | head -80; "
+        # Whether the browser's windows are shown at all (minimised ones keep their place in the tree).
+        "for w in $(DISPLAY=:0 xwininfo -root -tree | awk '/\\(\"chromium\"/ {print $1}'); do "
+        "DISPLAY=:0 xwininfo -id $w | grep -E 'Window id|Map State|Absolute|Width|Height'; done; "
         # The agent's browser's tabs, from its debugging port (where each is, and what it shows).
         "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:18800/json/list', "
-        'timeout=5).read().decode())" || true',
+        'timeout=5).read().decode())" 2>/dev/null || echo "(no browser answers on its debugging port)"',
     )
     return f"the page is not on the screen; its windows and its browser's tabs:\n{tree}"
 
