@@ -24,6 +24,8 @@ from django.utils.translation import gettext as _
 from desktops.middleware import current_request
 from desktops.models import ApiKey, AuditChainHead, AuditCheckpoint, AuditEvent
 
+log = logging.getLogger(__name__)
+
 # How `Actor.label` names an act through an API key; read back to name the key on the audit page.
 KEY_LABEL = re.compile(r"^key:(?P<key>\S+) \((?P<email>.*)\)$")
 
@@ -219,9 +221,6 @@ class ChainReport:
     broken: ChainBreak | None
     # The newest head exported outside the database, once the chain was checked against it.
     exported: ExportedHead | None = None
-
-
-log = logging.getLogger(__name__)
 
 
 def audit_head_export() -> bool:

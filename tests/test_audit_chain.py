@@ -243,20 +243,26 @@ def test_the_migration_chains_the_events_written_before_it():
     assert "Audit chain broken at event #2" in _verify()
 
 
-def test_beat_prunes_only_when_retention_is_set_and_needs_a_key():
-    def settings_with(**env):
-        script = "from django.conf import settings; print('audit-prune' in settings.CELERY_BEAT_SCHEDULE)"
-        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "lebureau.settings", **env}
-        return subprocess.run(
-            [sys.executable, "-c", f"import django; django.setup(); {script}"],
-            env=environment,
-            capture_output=True,
-            text=True,
-        )
+def _scheduled_in_a_fresh_process(job: str, **env) -> subprocess.CompletedProcess:
+    """Whether beat would run `job`, with the settings these environment variables make."""
+    script = f"from django.conf import settings; print({job!r} in settings.CELERY_BEAT_SCHEDULE)"
+    return subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {script}"],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "lebureau.settings", **env},
+        capture_output=True,
+        text=True,
+    )
 
-    assert settings_with(AUDIT_RETENTION_DAYS="0").stdout == "False\n"
-    assert settings_with(AUDIT_RETENTION_DAYS="90", AUDIT_CHECKPOINT_KEY="k").stdout == "True\n"
-    refused = settings_with(AUDIT_RETENTION_DAYS="90", AUDIT_CHECKPOINT_KEY="")
+
+def test_beat_prunes_only_when_retention_is_set_and_needs_a_key():
+    assert _scheduled_in_a_fresh_process("audit-prune", AUDIT_RETENTION_DAYS="0").stdout == "False\n"
+    assert (
+        _scheduled_in_a_fresh_process(
+            "audit-prune", AUDIT_RETENTION_DAYS="90", AUDIT_CHECKPOINT_KEY="k"
+        ).stdout
+        == "True\n"
+    )
+    refused = _scheduled_in_a_fresh_process("audit-prune", AUDIT_RETENTION_DAYS="90", AUDIT_CHECKPOINT_KEY="")
     assert refused.returncode != 0 and "AUDIT_RETENTION_DAYS needs AUDIT_CHECKPOINT_KEY" in refused.stderr
 
 
@@ -357,17 +363,5 @@ def test_the_head_is_exported_only_when_it_moved_and_pruning_keeps_it_verifiable
 
 
 def test_beat_exports_the_head_unless_told_not_to():
-    def scheduled(**env):
-        script = (
-            "from django.conf import settings; print('audit-head-export' in settings.CELERY_BEAT_SCHEDULE)"
-        )
-        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "lebureau.settings", **env}
-        return subprocess.run(
-            [sys.executable, "-c", f"import django; django.setup(); {script}"],
-            env=environment,
-            capture_output=True,
-            text=True,
-        ).stdout
-
-    assert scheduled() == "True\n"
-    assert scheduled(AUDIT_HEAD_LOG="") == "False\n"
+    assert _scheduled_in_a_fresh_process("audit-head-export").stdout == "True\n"
+    assert _scheduled_in_a_fresh_process("audit-head-export", AUDIT_HEAD_LOG="").stdout == "False\n"

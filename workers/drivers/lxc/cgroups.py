@@ -34,8 +34,13 @@ def create(group: str, limits: Limits) -> None:
     if unified():
         # Children get the controllers only where the parent hands them down (LXC needs the same).
         (ROOT / "cgroup.subtree_control").write_text("+memory +cpu +pids")
-        files = {ROOT / group: {"memory.max": limits.memory_bytes, "cpu.max": f"{quota} {PERIOD_US}"}}
-        files[ROOT / group]["pids.max"] = limits.pids
+        files = {
+            ROOT / group: {
+                "memory.max": limits.memory_bytes,
+                "cpu.max": f"{quota} {PERIOD_US}",
+                "pids.max": limits.pids,
+            }
+        }
     else:
         files = {
             ROOT / "memory" / group: {"memory.limit_in_bytes": limits.memory_bytes},

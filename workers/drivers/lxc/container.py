@@ -15,6 +15,7 @@ from workers.drivers.base import (
     TransientDriverError,
     guest_hostname,
 )
+from workers.drivers.lxc import cgroups
 from workers.drivers.lxc.config import LxcConfig
 from workers.drivers.lxc.network import gateway_of, run
 
@@ -31,7 +32,7 @@ LXC_STATES = {
 
 
 def render_config(config: LxcConfig, spec: InstanceSpec, meta: dict, rootfs: Path) -> str:
-    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    v2 = cgroups.unified()
     memory = spec.memory_mib * 1024 * 1024
     quota, period = spec.vcpus * 100_000, 100_000
     if v2:
